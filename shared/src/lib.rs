@@ -1,0 +1,14 @@
+//! Support for every chapter that is not itself a lesson.
+//!
+//! - [`model`]: where the default model lives, and fetching it on first need.
+//! - [`refdata`]: reading what llama.cpp computed (`reference-data/`), with a hint on how to
+//!   regenerate it when it is missing or stale.
+//! - [`compare`]: the one tensor comparison helper that every check against llama.cpp goes
+//!   through, with named tolerances and a report that says where two tensors diverge.
+
+pub mod compare;
+pub mod model;
+pub mod refdata;
+
+pub use compare::{Tolerance, assert_close, compare};
+pub use model::{DEFAULT_MODEL, ModelSpec, cache_dir, default_model_path};
