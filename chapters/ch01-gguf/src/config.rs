@@ -1,0 +1,296 @@
+//! The model's hyperparameters, read from GGUF metadata the way llama.cpp reads them.
+//!
+//! Keys are prefixed with the architecture: `llama.block_count`, `llama.embedding_length`. Where
+//! a key is optional, the default is llama.cpp's (`llama-model.cpp`, `load_hparams`).
+
+use crate::gguf::{Gguf, GgufError};
+use std::fmt;
+
+/// Architectures this engine runs.
+pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
+
+// ANCHOR: config
+/// Hyperparameters of a decoder-only transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `general.architecture`.
+    pub arch: String,
+    /// Number of transformer blocks (`{arch}.block_count`).
+    pub n_layer: usize,
+    /// Width of the residual stream (`{arch}.embedding_length`).
+    pub d_model: usize,
+    /// Query heads per layer (`{arch}.attention.head_count`).
+    pub n_head: usize,
+    /// Key/value heads per layer; fewer than `n_head` means grouped-query attention
+    /// (`{arch}.attention.head_count_kv`, default `n_head`).
+    pub n_head_kv: usize,
+    /// Width of one head (`{arch}.attention.key_length`, default `d_model / n_head`).
+    pub head_dim: usize,
+    /// Hidden width of the feed-forward network (`{arch}.feed_forward_length`).
+    pub n_ff: usize,
+    /// Number of tokens (`{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`).
+    pub vocab_size: usize,
+    /// Longest sequence the model was trained on (`{arch}.context_length`).
+    pub context_length: usize,
+    /// RoPE base θ (`{arch}.rope.freq_base`, default 10000).
+    pub rope_freq_base: f32,
+    /// How many dimensions of each head RoPE rotates (`{arch}.rope.dimension_count`, default
+    /// `head_dim`).
+    pub rope_dim: usize,
+    /// Context extension, if the model was trained with one (`{arch}.rope.scaling.*`).
+    pub rope_scaling: Option<RopeScaling>,
+    /// Which dimensions RoPE pairs up; fixed by the architecture.
+    pub rope_style: RopeStyle,
+    /// ε inside RMSNorm's square root (`{arch}.attention.layer_norm_rms_epsilon`).
+    pub rms_norm_eps: f32,
+    /// The output projection reuses the token embedding matrix (no `output.weight` tensor).
+    pub tied_embeddings: bool,
+}
+
+/// RoPE context extension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeScaling {
+    pub kind: RopeScalingType,
+    /// Context extension factor; positions are divided by it (for linear scaling).
+    pub factor: f32,
+}
+
+/// `{arch}.rope.scaling.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeScalingType {
+    Linear,
+    Yarn,
+    LongRope,
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])`: llama (ggml's `LLAMA_ROPE_TYPE_NORM`).
+    Normal,
+    /// Halves `(x[i], x[i + rope_dim/2])`: GPT-NeoX, Qwen, Phi (`LLAMA_ROPE_TYPE_NEOX`).
+    Neox,
+}
+// ANCHOR_END: config
+
+/// Why a [`Config`] could not be built.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// `general.architecture` names an architecture this engine does not run.
+    UnsupportedArch(String),
+    /// A required key is missing.
+    MissingKey(String),
+    /// A key has the wrong type, or a value out of range for it.
+    BadValue(GgufError),
+    /// Values that are each well-formed but do not make a model together.
+    Invalid { key: String, reason: String },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::UnsupportedArch(a) => write!(
+                f,
+                "architecture {a:?} is not supported (supported: {})",
+                SUPPORTED_ARCHS.join(", ")
+            ),
+            ConfigError::MissingKey(k) => write!(f, "required metadata key {k:?} is missing"),
+            ConfigError::BadValue(e) => e.fmt(f),
+            ConfigError::Invalid { key, reason } => write!(f, "metadata key {key:?}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<GgufError> for ConfigError {
+    fn from(e: GgufError) -> ConfigError {
+        match e {
+            GgufError::MissingKey(k) => ConfigError::MissingKey(k),
+            e => ConfigError::BadValue(e),
+        }
+    }
+}
+
+/// A `{arch}.*` key reader that turns "absent" into a default where llama.cpp has one.
+struct Keys<'a> {
+    gguf: &'a Gguf,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
+    }
+
+    fn usize(&self, suffix: &str) -> Result<usize, ConfigError> {
+        let key = self.key(suffix);
+        let v = self.gguf.get_u64(&key)?;
+        usize::try_from(v).map_err(|_| ConfigError::Invalid {
+            key,
+            reason: format!("{v} does not fit in usize"),
+        })
+    }
+
+    /// A required count of at least 1.
+    fn count(&self, suffix: &str) -> Result<usize, ConfigError> {
+        self.at_least_one(suffix, self.usize(suffix)?)
+    }
+
+    /// An optional count of at least 1, `default` when absent (a derived default such as
+    /// `d_model / n_head` must be at least 1 too).
+    fn count_or(&self, suffix: &str, default: usize) -> Result<usize, ConfigError> {
+        match self.gguf.get(&self.key(suffix)) {
+            None => self.at_least_one(suffix, default),
+            Some(_) => self.count(suffix),
+        }
+    }
+
+    /// An f32; `default` when absent, or an error naming the key if there is none.
+    fn f32(&self, suffix: &str, default: Option<f32>) -> Result<f32, ConfigError> {
+        match (self.gguf.get(&self.key(suffix)), default) {
+            (None, Some(d)) => Ok(d),
+            _ => Ok(self.gguf.get_f32(&self.key(suffix))?),
+        }
+    }
+
+    fn at_least_one(&self, suffix: &str, v: usize) -> Result<usize, ConfigError> {
+        if v == 0 {
+            return Err(ConfigError::Invalid {
+                key: self.key(suffix),
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(v)
+    }
+}
+
+impl Config {
+    // ANCHOR: from_gguf
+    /// Read the hyperparameters of a supported architecture from `gguf`'s metadata.
+    pub fn from_gguf(gguf: &Gguf) -> Result<Config, ConfigError> {
+        let arch = gguf.architecture()?;
+        if !SUPPORTED_ARCHS.contains(&arch) {
+            return Err(ConfigError::UnsupportedArch(arch.to_string()));
+        }
+        let k = Keys { gguf, arch };
+        let invalid = |suffix: &str, reason: String| ConfigError::Invalid {
+            key: k.key(suffix),
+            reason,
+        };
+
+        let n_layer = k.count("block_count")?;
+        let d_model = k.count("embedding_length")?;
+        let n_head = k.count("attention.head_count")?;
+        let n_head_kv = k.count_or("attention.head_count_kv", n_head)?;
+        if !n_head.is_multiple_of(n_head_kv) {
+            let why = format!("{n_head} query heads cannot share {n_head_kv} key/value heads");
+            return Err(invalid("attention.head_count_kv", why));
+        }
+        let head_dim = k.count_or("attention.key_length", d_model / n_head)?;
+        let n_ff = k.count("feed_forward_length")?;
+        let context_length = k.usize("context_length")?;
+        let vocab_size = match gguf.get(&k.key("vocab_size")) {
+            Some(_) => k.usize("vocab_size")?,
+            None => gguf.get_array("tokenizer.ggml.tokens")?.len(),
+        };
+
+        let rope_freq_base = k.f32("rope.freq_base", Some(10000.0))?;
+        let rope_dim = k.count_or("rope.dimension_count", head_dim)?;
+        // llama.cpp insists on this for llama; RoPE rotates pairs, so it must also be even.
+        if rope_dim != head_dim || !rope_dim.is_multiple_of(2) {
+            let why = format!("{rope_dim} must be even and equal the head size {head_dim}");
+            return Err(invalid("rope.dimension_count", why));
+        }
+        let rope_scaling = rope_scaling(&k)?;
+        let rms_norm_eps = k.f32("attention.layer_norm_rms_epsilon", None)?;
+        let tied_embeddings = gguf.tensor("output.weight").is_none();
+
+        Ok(Config {
+            arch: arch.to_string(),
+            n_layer,
+            d_model,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            vocab_size,
+            context_length,
+            rope_freq_base,
+            rope_dim,
+            rope_scaling,
+            rope_style: RopeStyle::Normal,
+            rms_norm_eps,
+            tied_embeddings,
+        })
+    }
+    // ANCHOR_END: from_gguf
+
+    /// Query heads that share one key/value head.
+    pub fn n_group(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+
+    /// Width of all key (or value) heads of a layer together.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// `rope.scaling.type` (default "linear", as in llama.cpp) with `rope.scaling.factor` (or the
+/// older `rope.scale_linear`). A factor of 0 or 1 scales nothing, so it is `None`.
+fn rope_scaling(k: &Keys) -> Result<Option<RopeScaling>, ConfigError> {
+    let type_key = k.key("rope.scaling.type");
+    let kind = match k.gguf.get(&type_key) {
+        None => Some(RopeScalingType::Linear),
+        Some(_) => match k.gguf.get_str(&type_key)? {
+            "none" => None,
+            "linear" => Some(RopeScalingType::Linear),
+            "yarn" => Some(RopeScalingType::Yarn),
+            "longrope" => Some(RopeScalingType::LongRope),
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: type_key,
+                    reason: format!("unknown RoPE scaling type {other:?}"),
+                });
+            }
+        },
+    };
+    let factor_key = ["rope.scaling.factor", "rope.scale_linear"]
+        .into_iter()
+        .find(|s| k.gguf.get(&k.key(s)).is_some());
+    let factor = match factor_key {
+        Some(s) => k.gguf.get_f32(&k.key(s))?,
+        None => 0.0,
+    };
+    Ok(match kind {
+        Some(kind) if factor != 0.0 && factor != 1.0 => Some(RopeScaling { kind, factor }),
+        _ => None,
+    })
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rows: [(&str, String); 15] = [
+            ("arch", self.arch.clone()),
+            ("n_layer", self.n_layer.to_string()),
+            ("d_model", self.d_model.to_string()),
+            ("n_head", self.n_head.to_string()),
+            ("n_head_kv", self.n_head_kv.to_string()),
+            ("head_dim", self.head_dim.to_string()),
+            ("n_ff", self.n_ff.to_string()),
+            ("vocab_size", self.vocab_size.to_string()),
+            ("context_length", self.context_length.to_string()),
+            ("rope_freq_base", self.rope_freq_base.to_string()),
+            ("rope_dim", self.rope_dim.to_string()),
+            ("rope_scaling", format!("{:?}", self.rope_scaling)),
+            ("rope_style", format!("{:?}", self.rope_style)),
+            ("rms_norm_eps", format!("{:e}", self.rms_norm_eps)),
+            ("tied_embeddings", self.tied_embeddings.to_string()),
+        ];
+        for (name, value) in rows {
+            writeln!(f, "  {name:<16} {value}")?;
+        }
+        Ok(())
+    }
+}

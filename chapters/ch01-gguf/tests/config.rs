@@ -1,0 +1,171 @@
+//! `Config::from_gguf` applies llama.cpp's defaults and rejects values that do not make a model.
+
+mod common;
+
+use ch01::config::{ConfigError, RopeScaling, RopeScalingType, RopeStyle};
+use ch01::gguf::{Value, ValueType};
+use ch01::{Config, GgmlType, Gguf};
+use common::Builder;
+
+/// The keys llama.cpp requires for a llama model, and nothing optional.
+fn minimal() -> Builder {
+    Builder::new()
+        .kv("general.architecture", Value::String("llama".into()))
+        .kv("llama.block_count", Value::U32(2))
+        .kv("llama.embedding_length", Value::U32(64))
+        .kv("llama.attention.head_count", Value::U32(4))
+        .kv("llama.feed_forward_length", Value::U64(128))
+        .kv("llama.context_length", Value::U32(256))
+        .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::Array(
+                ValueType::String,
+                ["a", "b", "c"].map(|s| Value::String(s.into())).to_vec(),
+            ),
+        )
+}
+
+fn config(b: Builder) -> Result<Config, ConfigError> {
+    Config::from_gguf(&Gguf::parse(&b.build()).unwrap())
+}
+
+#[test]
+fn optional_keys_take_llama_cpp_defaults() {
+    let c = config(minimal()).unwrap();
+    assert_eq!(
+        c,
+        Config {
+            arch: "llama".into(),
+            n_layer: 2,
+            d_model: 64,
+            n_head: 4,
+            n_head_kv: 4,
+            head_dim: 16,
+            n_ff: 128,
+            vocab_size: 3,
+            context_length: 256,
+            rope_freq_base: 10000.0,
+            rope_dim: 16,
+            rope_scaling: None,
+            rope_style: RopeStyle::Normal,
+            rms_norm_eps: 1e-6,
+            tied_embeddings: true,
+        }
+    );
+    assert_eq!((c.n_group(), c.kv_dim()), (1, 64));
+}
+
+#[test]
+fn explicit_keys_override_the_defaults() {
+    let b = minimal()
+        .kv("llama.attention.head_count_kv", Value::U32(2))
+        .kv("llama.attention.key_length", Value::U32(32))
+        .kv("llama.rope.dimension_count", Value::U32(32))
+        .kv("llama.rope.freq_base", Value::F32(500000.0))
+        .kv("llama.vocab_size", Value::U32(7))
+        .kv("llama.rope.scaling.type", Value::String("yarn".into()))
+        .kv("llama.rope.scaling.factor", Value::F32(4.0))
+        .tensor(
+            "output.weight",
+            &[64, 7],
+            GgmlType::F32,
+            vec![0; 64 * 7 * 4],
+        );
+    let c = config(b).unwrap();
+    assert_eq!((c.n_head_kv, c.head_dim, c.rope_dim), (2, 32, 32));
+    assert_eq!((c.rope_freq_base, c.vocab_size), (500000.0, 7));
+    assert_eq!(
+        c.rope_scaling,
+        Some(RopeScaling {
+            kind: RopeScalingType::Yarn,
+            factor: 4.0
+        })
+    );
+    assert!(!c.tied_embeddings);
+    assert_eq!((c.n_group(), c.kv_dim()), (2, 64));
+}
+
+#[test]
+fn a_scaling_factor_of_one_or_type_none_scales_nothing() {
+    let linear_1 = minimal().kv("llama.rope.scaling.factor", Value::F32(1.0));
+    assert_eq!(config(linear_1).unwrap().rope_scaling, None);
+    let none = minimal()
+        .kv("llama.rope.scaling.type", Value::String("none".into()))
+        .kv("llama.rope.scaling.factor", Value::F32(8.0));
+    assert_eq!(config(none).unwrap().rope_scaling, None);
+    // The older key name still counts.
+    let old = minimal().kv("llama.rope.scale_linear", Value::F32(2.0));
+    assert_eq!(
+        config(old).unwrap().rope_scaling,
+        Some(RopeScaling {
+            kind: RopeScalingType::Linear,
+            factor: 2.0
+        })
+    );
+}
+
+#[test]
+fn inconsistent_values_name_their_key() {
+    let cases = [
+        (
+            minimal().kv("llama.attention.head_count_kv", Value::U32(3)),
+            "llama.attention.head_count_kv",
+        ),
+        (
+            minimal().kv("llama.rope.dimension_count", Value::U32(8)),
+            "llama.rope.dimension_count",
+        ),
+        (
+            minimal().kv("llama.rope.scaling.type", Value::String("ntk".into())),
+            "llama.rope.scaling.type",
+        ),
+        (
+            minimal().kv("llama.attention.head_count_kv", Value::U32(0)),
+            "llama.attention.head_count_kv",
+        ),
+    ];
+    for (b, key) in cases {
+        match config(b) {
+            Err(e @ ConfigError::Invalid { .. }) => {
+                assert!(e.to_string().contains(key), "{e}")
+            }
+            other => panic!("{key}: expected Invalid, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn missing_required_keys_are_named() {
+    for key in [
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.attention.head_count",
+        "llama.feed_forward_length",
+        "llama.context_length",
+        "llama.attention.layer_norm_rms_epsilon",
+        "general.architecture",
+    ] {
+        let mut b = minimal();
+        b.kvs.retain(|(k, _)| k != key);
+        match config(b) {
+            Err(ConfigError::MissingKey(k)) => assert_eq!(k, key),
+            other => panic!("{key}: expected MissingKey, got {other:?}"),
+        }
+    }
+    let mut b = minimal();
+    b.kvs.retain(|(k, _)| k != "tokenizer.ggml.tokens");
+    assert!(matches!(config(b), Err(ConfigError::MissingKey(k)) if k == "tokenizer.ggml.tokens"));
+}
+
+#[test]
+fn values_of_the_wrong_type_are_errors() {
+    let b = minimal().kv("llama.rope.freq_base", Value::String("1e4".into()));
+    let e = config(b).unwrap_err();
+    assert!(matches!(e, ConfigError::BadValue(_)));
+    assert!(
+        e.to_string()
+            .contains("\"llama.rope.freq_base\": expected f32, found string"),
+        "{e}"
+    );
+}

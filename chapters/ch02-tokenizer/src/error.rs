@@ -1,0 +1,103 @@
+//! What can go wrong building a tokenizer or using it, said so that the reader can find the
+//! bad key, token or merge.
+
+use std::fmt;
+
+/// Any error from this crate.
+#[derive(Debug)]
+pub enum TokenizerError {
+    /// Reading the GGUF metadata failed (a missing key, a value of the wrong type).
+    Gguf(ch01::GgufError),
+    /// `tokenizer.ggml.model` names a tokenizer this chapter does not implement.
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer this chapter does not implement (`None`: the
+    /// key is absent, for which llama.cpp falls back to a rule this chapter leaves out).
+    UnsupportedPre(Option<String>),
+    /// An array is shorter than the token list.
+    ShortArray {
+        key: &'static str,
+        len: usize,
+        n_tokens: usize,
+    },
+    /// Two tokens have the same text: text-to-id lookup would be ambiguous.
+    DuplicateToken {
+        text: String,
+        first: u32,
+        second: u32,
+    },
+    /// A merge rule is not two symbols separated by a space.
+    BadMerge { index: usize, text: String },
+    /// A BPE vocabulary without merges.
+    NoMerges,
+    /// A token id past the end of the vocabulary.
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    /// The chat template does not compile or fails to render.
+    Template(String),
+}
+
+impl fmt::Display for TokenizerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenizerError::Gguf(e) => write!(f, "{e}"),
+            TokenizerError::UnsupportedModel(m) => write!(
+                f,
+                "tokenizer.ggml.model is {m:?}; this tokenizer implements \"gpt2\" (byte-level \
+                 BPE) and \"llama\" (SentencePiece)"
+            ),
+            TokenizerError::UnsupportedPre(Some(p)) => write!(
+                f,
+                "tokenizer.ggml.pre is {p:?}, a pre-tokenizer this chapter does not implement"
+            ),
+            TokenizerError::UnsupportedPre(None) => write!(
+                f,
+                "tokenizer.ggml.pre is missing; the fallback rule llama.cpp then uses is not \
+                 implemented here"
+            ),
+            TokenizerError::ShortArray { key, len, n_tokens } => write!(
+                f,
+                "{key} has {len} entries but tokenizer.ggml.tokens has {n_tokens}"
+            ),
+            TokenizerError::DuplicateToken {
+                text,
+                first,
+                second,
+            } => write!(f, "tokens {first} and {second} have the same text {text:?}"),
+            TokenizerError::BadMerge { index, text } => write!(
+                f,
+                "tokenizer.ggml.merges[{index}] is {text:?}: expected two symbols separated by \
+                 a space"
+            ),
+            TokenizerError::NoMerges => write!(
+                f,
+                "tokenizer.ggml.merges is missing: a BPE vocabulary needs its merge rules"
+            ),
+            TokenizerError::TokenOutOfRange { id, n_vocab } => write!(
+                f,
+                "token id {id} is out of range: the vocabulary has {n_vocab} tokens"
+            ),
+            TokenizerError::Template(msg) => write!(f, "chat template: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for TokenizerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TokenizerError::Gguf(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ch01::GgufError> for TokenizerError {
+    fn from(e: ch01::GgufError) -> TokenizerError {
+        TokenizerError::Gguf(e)
+    }
+}
+
+impl From<minijinja::Error> for TokenizerError {
+    fn from(e: minijinja::Error) -> TokenizerError {
+        // The alternate form includes the template line the error points at.
+        TokenizerError::Template(format!("{e:#}"))
+    }
+}

@@ -1,0 +1,283 @@
+//! Scaled dot-product attention, multi-head and grouped-query, with a causal mask.
+//!
+//! For one query vector `q` and the keys `k_j` and values `v_j` of the positions it may see,
+//!
+//! ```text
+//! s_j = (q · k_j) / sqrt(head_dim)      scores
+//! p   = softmax(s)                      attention weights, summing to 1
+//! o   = Σ_j p_j v_j                     the head's output
+//! ```
+//!
+//! Each of the `n_head` query heads does this with its own slice of `q`. With grouped-query
+//! attention there are fewer key/value heads than query heads: SmolLM2 has 9 query heads and 3
+//! KV heads, so query heads 0–2 read KV head 0, 3–5 KV head 1, 6–8 KV head 2. The KV cache is
+//! three times smaller than with one KV head per query head.
+
+use crate::kv::{KvError, KvStore, KvView};
+use crate::matrix::{LoadError, Matrix, MatrixLoader, load_matrix};
+use crate::observe::Observer;
+use crate::rope::RopeTable;
+use ch01::config::RopeScalingType;
+use ch01::{Config, GgufFile};
+
+// ANCHOR: softmax
+/// Softmax in place, numerically stable: subtracting the maximum first keeps every `exp` in
+/// `(0, 1]`, so nothing overflows, and the result is unchanged because softmax is invariant to
+/// shifting all inputs. The sum is accumulated in f64, as ggml does.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+// ANCHOR_END: softmax
+
+/// Where a token of a batch sits: its sequence and its position in that sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenPos {
+    pub seq: usize,
+    pub pos: usize,
+}
+
+impl TokenPos {
+    /// Positions `start..start + n` of sequence `seq`.
+    pub fn run(seq: usize, start: usize, n: usize) -> Vec<TokenPos> {
+        (start..start + n)
+            .map(|pos| TokenPos { seq, pos })
+            .collect()
+    }
+}
+
+/// The hyperparameters of attention and the RoPE table, shared by every layer.
+pub struct Attention {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rope: RopeTable,
+    /// Sliding-window attention: a query sees at most this many positions, itself included.
+    pub window: Option<usize>,
+}
+
+impl Attention {
+    /// From the model configuration, with a RoPE table for the model's context length.
+    pub fn new(cfg: &Config) -> Result<Attention, LoadError> {
+        let freq_scale = match &cfg.rope_scaling {
+            None => 1.0,
+            Some(s) if s.kind == RopeScalingType::Linear => 1.0 / s.factor,
+            Some(s) => {
+                return Err(LoadError::Other(format!(
+                    "RoPE scaling {:?} is not supported (only linear)",
+                    s.kind
+                )));
+            }
+        };
+        let rope = RopeTable::new(
+            cfg.rope_dim,
+            cfg.rope_freq_base,
+            freq_scale,
+            cfg.rope_style,
+            cfg.context_length,
+        );
+        Ok(Attention {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            rope,
+            window: None,
+        })
+    }
+
+    /// Width of a query row `(n_head * head_dim)` and of a key or value row `(n_head_kv * head_dim)`.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// The positions a query at `pos` may attend to: causal (nothing after `pos`), limited by
+    /// the sliding window and by what the store still holds.
+    pub fn visible(&self, pos: usize, first_stored: usize) -> std::ops::Range<usize> {
+        let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        lo.max(first_stored)..pos + 1
+    }
+
+    // ANCHOR: attend
+    /// Attention of one token's queries `q` (`(n_head, head_dim)`) over positions `visible` of
+    /// `kv`, written to `out` (`(n_head, head_dim)`). `probs` (`(n_head, visible.len())`) is
+    /// scratch space and holds the attention weights afterwards.
+    pub fn attend(
+        &self,
+        q: &[f32],
+        kv: &impl KvView,
+        visible: std::ops::Range<usize>,
+        probs: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let hd = self.head_dim;
+        let group = self.n_head / self.n_head_kv; // query heads per KV head
+        let scale = 1.0 / (hd as f32).sqrt();
+        let n = visible.len();
+        out.fill(0.0);
+        for h in 0..self.n_head {
+            let kvh = h / group;
+            let q_h = &q[h * hd..(h + 1) * hd];
+            let p = &mut probs[h * n..(h + 1) * n];
+            for (j, pos) in visible.clone().enumerate() {
+                let k = &kv.key(pos)[kvh * hd..(kvh + 1) * hd];
+                p[j] = crate::matrix::dot(q_h, k) * scale;
+            }
+            softmax(p);
+            let o = &mut out[h * hd..(h + 1) * hd];
+            for (j, pos) in visible.clone().enumerate() {
+                let v = &kv.value(pos)[kvh * hd..(kvh + 1) * hd];
+                for (o, v) in o.iter_mut().zip(v) {
+                    *o += p[j] * v;
+                }
+            }
+        }
+    }
+    // ANCHOR_END: attend
+}
+
+/// The four projections of one layer's attention block.
+pub struct AttentionWeights {
+    pub wq: Box<dyn Matrix>, // (n_head * head_dim, d_model)
+    pub wk: Box<dyn Matrix>, // (n_head_kv * head_dim, d_model)
+    pub wv: Box<dyn Matrix>, // (n_head_kv * head_dim, d_model)
+    pub wo: Box<dyn Matrix>, // (d_model, n_head * head_dim)
+}
+
+impl AttentionWeights {
+    /// Load layer `layer`'s `attn_q`, `attn_k`, `attn_v`, `attn_output`.
+    pub fn load<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        loader: &dyn MatrixLoader,
+        cfg: &Config,
+        layer: usize,
+    ) -> Result<AttentionWeights, LoadError> {
+        let (d, q, kv) = (
+            cfg.d_model,
+            cfg.n_head * cfg.head_dim,
+            cfg.n_head_kv * cfg.head_dim,
+        );
+        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        Ok(AttentionWeights {
+            wq: load_matrix(file, loader, &name("attn_q"), d, q)?,
+            wk: load_matrix(file, loader, &name("attn_k"), d, kv)?,
+            wv: load_matrix(file, loader, &name("attn_v"), d, kv)?,
+            wo: load_matrix(file, loader, &name("attn_output"), q, d)?,
+        })
+    }
+}
+
+// ANCHOR: forward
+impl Attention {
+    /// Self-attention of layer `layer` for a batch of tokens: `x` is `(n, d_model)` (the
+    /// normalised hidden states), `out` receives `(n, d_model)`. Every token's key and value go
+    /// into `kv` first; then each token attends to its own sequence up to its own position.
+    /// `kv` must already have room for the tokens (see [`KvStore::reserve`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<K: KvStore>(
+        &self,
+        w: &AttentionWeights,
+        layer: usize,
+        x: &[f32],
+        tokens: &[TokenPos],
+        kv: &mut K,
+        obs: &mut dyn Observer,
+        out: &mut [f32],
+    ) {
+        let n = tokens.len();
+        let (hd, qd, kvd) = (self.head_dim, self.q_dim(), self.kv_dim());
+        let mut q = vec![0.0; n * qd]; // (n, n_head, head_dim)
+        let mut k = vec![0.0; n * kvd]; // (n, n_head_kv, head_dim)
+        let mut v = vec![0.0; n * kvd]; // (n, n_head_kv, head_dim)
+        w.wq.matmul(x, &mut q);
+        w.wk.matmul(x, &mut k);
+        w.wv.matmul(x, &mut v);
+        for (i, t) in tokens.iter().enumerate() {
+            self.rope.apply(&mut q[i * qd..(i + 1) * qd], hd, t.pos);
+            self.rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, t.pos);
+            kv.store(
+                layer,
+                t.seq,
+                t.pos,
+                &k[i * kvd..(i + 1) * kvd],
+                &v[i * kvd..(i + 1) * kvd],
+            );
+        }
+
+        let mut attn = vec![0.0; n * qd]; // (n, n_head * head_dim): the heads' outputs side by side
+        let mut probs = Vec::new(); // (n_head, n_visible) scratch
+        // (n_head, n, n_kv): only built when someone observes it
+        let n_kv = tokens.iter().map(|t| t.pos + 1).max().unwrap_or(0);
+        let mut all_probs = if obs.enabled() {
+            vec![0.0; self.n_head * n * n_kv]
+        } else {
+            Vec::new()
+        };
+        for (i, t) in tokens.iter().enumerate() {
+            let view = kv.view(layer, t.seq);
+            let visible = self.visible(t.pos, view.first());
+            probs.resize(self.n_head * visible.len(), 0.0);
+            self.attend(
+                &q[i * qd..(i + 1) * qd],
+                &view,
+                visible.clone(),
+                &mut probs,
+                &mut attn[i * qd..(i + 1) * qd],
+            );
+            if !all_probs.is_empty() {
+                for h in 0..self.n_head {
+                    let row = &mut all_probs[(h * n + i) * n_kv..(h * n + i + 1) * n_kv];
+                    row[visible.clone()]
+                        .copy_from_slice(&probs[h * visible.len()..(h + 1) * visible.len()]);
+                }
+            }
+        }
+        w.wo.matmul(&attn, out);
+
+        if obs.enabled() {
+            obs.observe(&format!("Qcur-{layer}"), &[n, self.n_head, hd], &q);
+            obs.observe(&format!("Kcur-{layer}"), &[n, self.n_head_kv, hd], &k);
+            obs.observe(&format!("Vcur-{layer}"), &[n, self.n_head_kv, hd], &v);
+            obs.observe(
+                &format!("kq_soft_max-{layer}"),
+                &[self.n_head, n, n_kv],
+                &all_probs,
+            );
+            obs.observe(&format!("kqv_out-{layer}"), &[n, qd], &attn);
+            obs.observe(
+                &format!("attn_out-{layer}"),
+                &[n, out.len() / n.max(1)],
+                out,
+            );
+        }
+    }
+}
+// ANCHOR_END: forward
+
+/// Reserve room in `kv` for every sequence of a batch (positions must follow what is stored).
+pub fn reserve_batch<K: KvStore>(kv: &mut K, tokens: &[TokenPos]) -> Result<(), KvError> {
+    let mut spans: Vec<(usize, usize, usize)> = Vec::new(); // (seq, first pos, end pos)
+    for t in tokens {
+        match spans.iter_mut().find(|s| s.0 == t.seq) {
+            Some(s) => {
+                s.1 = s.1.min(t.pos);
+                s.2 = s.2.max(t.pos + 1);
+            }
+            None => spans.push((t.seq, t.pos, t.pos + 1)),
+        }
+    }
+    for (seq, lo, hi) in spans {
+        kv.reserve(seq, lo..hi)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! The generation loop: prompt in, tokens out, text streamed as it is produced.
+//!
+//! The loop asks a [`Session`] for the logits of the next token, samples one, streams its text
+//! and repeats until an end-of-generation token, a stop string or the token limit. The session
+//! decides how the logits are computed. This chapter's [`Uncached`] session recomputes the whole
+//! sequence for every new token — O(n²) work for n tokens, deliberately: chapter 5 adds a
+//! session with a KV cache that computes only the new token, and the loop does not change.
+
+use crate::model::{Batch, ForwardError, Model};
+use crate::sampling::{Sampler, SamplerParams};
+use ch02::{StreamDecoder, Tokenizer};
+use ch03::NoObserver;
+use std::time::{Duration, Instant};
+
+/// Computes next-token logits for a growing sequence.
+pub trait Session {
+    /// Logits `(vocab)` of the token after `tokens`. The last `n_new` of `tokens` are new since
+    /// the previous call (all of them on the first call).
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<Vec<f32>, ForwardError>;
+}
+
+// ANCHOR: uncached
+/// No cache: every call runs the model over the whole sequence, throwing the keys and values
+/// away afterwards.
+pub struct Uncached<'m> {
+    pub model: &'m Model,
+}
+
+impl Session for Uncached<'_> {
+    fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<Vec<f32>, ForwardError> {
+        let mut kv = self.model.new_kv();
+        self.model.forward(
+            &Batch::sequence(0, tokens, 0, false),
+            &mut kv,
+            &mut NoObserver,
+        )
+    }
+}
+// ANCHOR_END: uncached
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub sampler: SamplerParams,
+    /// Generation stops when the text contains one of these; the text ends before it.
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-generation token (`<|im_end|>`, `</s>`, …).
+    EndOfGeneration,
+    StopString,
+    MaxTokens,
+}
+
+/// The result of a generation, with timings.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids, including a final end-of-generation token if there was one.
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub stop: StopReason,
+    /// Time of the first call, over the prompt.
+    pub prefill: Duration,
+    /// Time of the later calls, one per generated token fed back.
+    pub decode: Duration,
+    pub decode_calls: usize,
+}
+
+impl Generation {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prompt_ids.len() as f64 / self.prefill.as_secs_f64()
+    }
+    pub fn decode_tok_s(&self) -> f64 {
+        if self.decode_calls == 0 {
+            0.0
+        } else {
+            self.decode_calls as f64 / self.decode.as_secs_f64()
+        }
+    }
+    /// llama.cpp-style timing lines.
+    pub fn timings(&self) -> String {
+        format!(
+            "prompt: {} tokens in {:.2} ms ({:.1} tok/s)\ngenerated: {} tokens, {} decode steps in {:.2} ms ({:.1} tok/s)",
+            self.prompt_ids.len(),
+            self.prefill.as_secs_f64() * 1e3,
+            self.prefill_tok_s(),
+            self.ids.len(),
+            self.decode_calls,
+            self.decode.as_secs_f64() * 1e3,
+            self.decode_tok_s()
+        )
+    }
+}
+
+/// Holds back text that might be the start of a stop string, so a stop string is never
+/// streamed even in part.
+struct StopFilter<'a> {
+    stops: &'a [String],
+    text: String,
+    emitted: usize,
+}
+
+impl StopFilter<'_> {
+    /// Add text; returns (text safe to emit now, whether a stop string was found).
+    fn push(&mut self, s: &str) -> (String, bool) {
+        self.text.push_str(s);
+        if let Some(i) = self
+            .stops
+            .iter()
+            .filter_map(|st| self.text.find(st.as_str()))
+            .min()
+        {
+            self.text.truncate(i);
+            let out = self.text[self.emitted.min(i)..].to_string();
+            self.emitted = i;
+            return (out, true);
+        }
+        // Longest suffix of the text that is a proper prefix of some stop string.
+        let mut hold = 0;
+        for st in self.stops {
+            for k in (1..st.len().min(self.text.len() + 1)).rev() {
+                if st.is_char_boundary(k) && self.text.ends_with(&st[..k]) {
+                    hold = hold.max(k);
+                    break;
+                }
+            }
+        }
+        let safe = self.text.len() - hold;
+        let out = self.text[self.emitted..safe.max(self.emitted)].to_string();
+        self.emitted = safe.max(self.emitted);
+        (out, false)
+    }
+
+    fn finish(&mut self) -> String {
+        let out = self.text[self.emitted..].to_string();
+        self.emitted = self.text.len();
+        out
+    }
+}
+
+// ANCHOR: generate
+/// Generate from `prompt` (token ids), calling `on_text` with each piece of text as soon as it
+/// is complete UTF-8 and cannot be part of a stop string.
+pub fn generate(
+    session: &mut dyn Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    params: &GenParams,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation, ForwardError> {
+    let mut sampler = Sampler::new(params.sampler.clone());
+    let mut decoder = StreamDecoder::new(tok);
+    let mut filter = StopFilter {
+        stops: &params.stop,
+        text: String::new(),
+        emitted: 0,
+    };
+    let mut tokens = prompt.to_vec();
+    let (mut prefill, mut decode, mut decode_calls) = (Duration::ZERO, Duration::ZERO, 0);
+    let mut stop = StopReason::MaxTokens;
+    let mut n_new = prompt.len();
+    let mut ids = Vec::new();
+    while ids.len() < params.max_tokens {
+        let t0 = Instant::now();
+        let logits = session.next_logits(&tokens, n_new)?;
+        if ids.is_empty() {
+            prefill = t0.elapsed();
+        } else {
+            decode += t0.elapsed();
+            decode_calls += 1;
+        }
+        let next = sampler.sample(&logits, &tokens);
+        ids.push(next);
+        if tok.is_eog(next) {
+            stop = StopReason::EndOfGeneration;
+            break;
+        }
+        let (out, stopped) = filter.push(&decoder.push(next));
+        on_text(&out);
+        if stopped {
+            stop = StopReason::StopString;
+            break;
+        }
+        tokens.push(next);
+        n_new = 1;
+    }
+    if stop != StopReason::StopString {
+        let (out, stopped) = filter.push(&decoder.finish());
+        on_text(&out);
+        if stopped {
+            stop = StopReason::StopString;
+        } else {
+            on_text(&filter.finish());
+        }
+    }
+    Ok(Generation {
+        prompt_ids: prompt.to_vec(),
+        ids,
+        text: filter.text,
+        stop,
+        prefill,
+        decode,
+        decode_calls,
+    })
+}
+// ANCHOR_END: generate
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool, String) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut f = StopFilter {
+            stops: &stops,
+            text: String::new(),
+            emitted: 0,
+        };
+        let mut streamed = String::new();
+        for p in pieces {
+            let (out, stopped) = f.push(p);
+            streamed += &out;
+            if stopped {
+                return (streamed, true, f.text);
+            }
+        }
+        streamed += &f.finish();
+        (streamed, false, f.text)
+    }
+
+    #[test]
+    fn stop_string_split_across_pieces_is_never_streamed() {
+        let (streamed, stopped, text) = run(&["\nUser:"], &["Hi", " there\n", "Us", "er: more"]);
+        assert!(stopped);
+        assert_eq!(streamed, "Hi there");
+        assert_eq!(text, "Hi there");
+    }
+
+    #[test]
+    fn held_back_text_is_released_when_it_is_not_a_stop() {
+        let (streamed, stopped, _) = run(&["STOP"], &["a S", "T", "x end"]);
+        assert!(!stopped);
+        assert_eq!(streamed, "a STx end");
+    }
+}

@@ -1,0 +1,32 @@
+//! Chapter 4: the whole model, and the first text it writes.
+//!
+//! What this chapter adds to chapter 3:
+//! - [`layer`]: RMSNorm, the SwiGLU feed-forward block, one transformer block's weights.
+//! - [`model`]: token embeddings, the stack of blocks with their residual connections, the
+//!   final norm and the output projection (tied to the embeddings when the file has no
+//!   `output.weight`), and [`Model::forward`] over a [`Batch`] of tokens.
+//! - [`sampling`]: greedy, temperature, top-k, top-p, min-p and repetition penalty, chained in
+//!   llama.cpp's default order, with a seeded random number generator.
+//! - [`generate`]: the generation loop, streaming text through chapter 2's streaming
+//!   detokenizer, stopping on end-of-generation tokens, stop strings or a token limit.
+//!
+//! - [`cli`]: the `generate` example's command line, which every later chapter's engine keeps.
+//!
+//! Generation here is deliberately O(n²): the [`Uncached`] session recomputes the whole sequence
+//! for every new token. Chapter 5 keeps the keys and values between steps (the KV cache) through
+//! the same [`Session`] trait. Weights are f32 ([`ch03::DenseLoader`]); chapter 6 keeps them
+//! quantized through the same [`ch03::MatrixLoader`] trait.
+
+pub mod cli;
+pub mod generate;
+pub mod layer;
+pub mod model;
+pub mod sampling;
+
+pub use generate::{GenParams, Generation, Session, StopReason, Uncached, generate};
+pub use model::{Batch, ForwardError, Model, Weights};
+pub use sampling::{Sampler, SamplerParams};
+
+/// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".
+pub use ch02::{self, ChatTemplate, Message, StreamDecoder, Tokenizer};
+pub use ch03::{self, *};

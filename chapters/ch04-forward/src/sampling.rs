@@ -1,0 +1,321 @@
+//! Choosing the next token from the logits.
+//!
+//! Samplers form a chain, applied in llama.cpp's default order: repetition penalty, top-k,
+//! top-p, min-p, temperature, then a random draw from what is left. Each stage keeps or
+//! reshapes a list of candidates; greedy decoding is the chain with temperature 0, where only
+//! the most likely token survives.
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// Sampling settings. The defaults are llama.cpp's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerParams {
+    /// Temperature; 0 or less is greedy.
+    pub temp: f32,
+    /// Keep the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probabilities add up to `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Keep tokens at least `min_p` times as likely as the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divide positive logits (multiply negative ones) of recently seen tokens; 1 is off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    /// Seed of the random draw: the same seed gives the same tokens.
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            temp: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerParams {
+    /// Always the most likely token.
+    pub fn greedy() -> Self {
+        SamplerParams {
+            temp: 0.0,
+            ..Self::default()
+        }
+    }
+}
+
+/// A token still in the running, with its logit and (after [`softmax`]) its probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+    pub p: f32,
+}
+
+// ANCHOR: stages
+/// llama.cpp's repetition penalty: for each distinct token among the last `last_n` of
+/// `history`, a positive logit is divided by `penalty` and a negative one multiplied, so the
+/// token always becomes less likely.
+pub fn repeat_penalty(logits: &mut [f32], history: &[u32], last_n: usize, penalty: f32) {
+    if penalty == 1.0 || last_n == 0 {
+        return;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for &t in history.iter().rev().take(last_n) {
+        if seen.insert(t)
+            && let Some(l) = logits.get_mut(t as usize)
+        {
+            *l = if *l <= 0.0 {
+                *l * penalty
+            } else {
+                *l / penalty
+            };
+        }
+    }
+}
+
+/// Sort by logit, most likely first, and fill in probabilities (a softmax over the candidates).
+pub fn softmax(c: &mut [Candidate]) {
+    c.sort_by(|a, b| b.logit.total_cmp(&a.logit));
+    let max = c.first().map_or(0.0, |c| c.logit);
+    let mut sum = 0.0f64;
+    for x in c.iter_mut() {
+        x.p = (x.logit - max).exp();
+        sum += x.p as f64;
+    }
+    for x in c.iter_mut() {
+        x.p = (x.p as f64 / sum) as f32;
+    }
+}
+
+/// Keep the `k` candidates with the highest logits (all when `k` is 0).
+pub fn top_k(c: &mut Vec<Candidate>, k: usize) {
+    if k == 0 || k >= c.len() {
+        return;
+    }
+    c.select_nth_unstable_by(k - 1, |a, b| b.logit.total_cmp(&a.logit));
+    c.truncate(k);
+}
+
+/// Keep the most likely candidates until their probabilities add up to at least `p`.
+pub fn top_p(c: &mut Vec<Candidate>, p: f32) {
+    if p >= 1.0 || c.is_empty() {
+        return;
+    }
+    softmax(c);
+    let mut cum = 0.0;
+    for i in 0..c.len() {
+        cum += c[i].p;
+        if cum >= p {
+            c.truncate(i + 1);
+            return;
+        }
+    }
+}
+
+/// Keep candidates whose probability is at least `p` times the largest one. In logits:
+/// `logit >= max_logit + ln(p)`.
+pub fn min_p(c: &mut Vec<Candidate>, p: f32) {
+    if p <= 0.0 || c.is_empty() {
+        return;
+    }
+    let max = c.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let min_logit = max + p.ln();
+    c.retain(|c| c.logit >= min_logit);
+}
+
+/// Divide logits by `t`: below 1 sharpens the distribution, above 1 flattens it. At 0 or
+/// below only the most likely candidate is kept (greedy).
+pub fn temperature(c: &mut Vec<Candidate>, t: f32) {
+    if t <= 0.0 {
+        // the first of the largest, like llama.cpp
+        let best = c
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, x)| if x.logit > c[b].logit { i } else { b });
+        let keep = c[best];
+        c.clear();
+        c.push(keep);
+        return;
+    }
+    for x in c.iter_mut() {
+        x.logit /= t;
+    }
+}
+// ANCHOR_END: stages
+
+/// A sampler chain with its own random number generator.
+pub struct Sampler {
+    pub params: SamplerParams,
+    rng: StdRng,
+    candidates: Vec<Candidate>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Sampler {
+        let rng = StdRng::seed_from_u64(params.seed);
+        Sampler {
+            params,
+            rng,
+            candidates: Vec::new(),
+        }
+    }
+
+    // ANCHOR: sample
+    /// Pick the next token from `logits` (`(vocab)`), given the tokens so far.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let mut logits = logits.to_vec();
+        repeat_penalty(&mut logits, history, p.repeat_last_n, p.repeat_penalty);
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+            p: 0.0,
+        }));
+        top_k(c, p.top_k);
+        top_p(c, p.top_p);
+        min_p(c, p.min_p);
+        temperature(c, p.temp);
+        softmax(c);
+        // Draw: walk the cumulative distribution to a uniform random point.
+        let r: f32 = self.rng.random();
+        let mut cum = 0.0;
+        for x in c.iter() {
+            cum += x.p;
+            if r < cum {
+                return x.id;
+            }
+        }
+        c.last().expect("at least one candidate").id
+    }
+    // ANCHOR_END: sample
+}
+
+/// The index of the largest value (the first one on ties).
+pub fn argmax(x: &[f32]) -> usize {
+    x.iter()
+        .enumerate()
+        .fold(0, |b, (i, &v)| if v > x[b] { i } else { b })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands(logits: &[f32]) -> Vec<Candidate> {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &logit)| Candidate {
+                id: i as u32,
+                logit,
+                p: 0.0,
+            })
+            .collect()
+    }
+    fn ids(c: &[Candidate]) -> Vec<u32> {
+        let mut v: Vec<u32> = c.iter().map(|c| c.id).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn greedy_picks_the_argmax() {
+        let logits = [0.1, 2.5, -1.0, 2.4, 0.0];
+        let mut s = Sampler::new(SamplerParams::greedy());
+        for _ in 0..10 {
+            assert_eq!(s.sample(&logits, &[]), 1);
+        }
+        assert_eq!(argmax(&logits), 1);
+    }
+
+    #[test]
+    fn top_k_keeps_exactly_the_k_largest() {
+        let mut c = cands(&[0.3, 5.0, -2.0, 4.0, 1.0, 4.5]);
+        top_k(&mut c, 3);
+        assert_eq!(ids(&c), [1, 3, 5]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_p() {
+        // probabilities 0.5, 0.25, 0.125, 0.125 (logits are their natural logs)
+        let mut c = cands(&[0.5f32.ln(), 0.25f32.ln(), 0.125f32.ln(), 0.125f32.ln()]);
+        top_p(&mut c, 0.7);
+        assert_eq!(ids(&c), [0, 1]);
+        let mut c = cands(&[0.5f32.ln(), 0.25f32.ln(), 0.125f32.ln(), 0.125f32.ln()]);
+        top_p(&mut c, 0.5);
+        assert_eq!(ids(&c), [0]);
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_above_the_fraction_of_the_best() {
+        let mut c = cands(&[0.5f32.ln(), 0.2f32.ln(), 0.04f32.ln(), 0.26f32.ln()]);
+        min_p(&mut c, 0.1); // threshold 0.05: drops 0.04
+        assert_eq!(ids(&c), [0, 1, 3]);
+    }
+
+    #[test]
+    fn repeat_penalty_follows_llama_cpp() {
+        let mut l = vec![2.0, -2.0, 1.0];
+        repeat_penalty(&mut l, &[0, 1, 0], 64, 2.0);
+        assert_eq!(l, [1.0, -4.0, 1.0]); // token 0 once despite appearing twice; token 2 untouched
+        let mut l = vec![2.0, -2.0, 1.0];
+        repeat_penalty(&mut l, &[0, 1], 1, 2.0); // only the last token counts
+        assert_eq!(l, [2.0, -4.0, 1.0]);
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_tokens() {
+        let logits: Vec<f32> = (0..500).map(|i| ((i * 37 % 101) as f32) * 0.05).collect();
+        let params = SamplerParams {
+            temp: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let run = |p: &SamplerParams| {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(run(&params), run(&params));
+        let other = run(&SamplerParams {
+            seed: 8,
+            ..params.clone()
+        });
+        assert_ne!(
+            run(&params),
+            other,
+            "different seeds should differ over 50 draws"
+        );
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        // two tokens with probabilities 0.75 and 0.25
+        let logits = [0.75f32.ln(), 0.25f32.ln()];
+        let params = SamplerParams {
+            temp: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(params);
+        let n = 20_000;
+        let zeros = (0..n).filter(|_| s.sample(&logits, &[]) == 0).count();
+        let f = zeros as f64 / n as f64;
+        assert!((f - 0.75).abs() < 0.02, "{f}"); // 0.02 is over 6 standard deviations at n = 20000
+    }
+}

@@ -1,0 +1,34 @@
+//! Chapter 6: block quantization.
+//!
+//! A model's weights are stored in ggml's block formats: small integer codes with one scale
+//! (and perhaps a min) per block of 32 or 256 weights. This chapter implements those formats
+//! as ggml defines them — the block layouts, the reference quantizers that produce the bytes of
+//! a GGUF file, the dequantizers, and the integer dot products that let a matrix-vector product
+//! run on the codes without expanding them to floats — and a table that picks the kernels of a
+//! tensor's type at run time.
+//!
+//! Modules:
+//! - [`quants`]: the formats and their scalar reference kernels (see its docs for the layout).
+//! - [`qmatrix`]: [`QMatrix`], a weight matrix that stays quantized, and the loaders that make
+//!   one from each tensor of a file ([`QuantLoader`]) or requantize it ([`RequantLoader`]). The
+//!   model of chapters 4 and 5 runs on it unchanged, through chapter 3's `Matrix` trait.
+//! - [`gguf_write`]: a GGUF writer ([`GgufWriter`](gguf_write::GgufWriter)), the first file the
+//!   project writes.
+//! - [`recipe`]: llama.cpp's choice of type for each tensor of a file type such as Q4_K_M
+//!   ([`Plan`](recipe::Plan)), lists of per-tensor types, and `llama_model_quantize`
+//!   ([`quantize_gguf`](recipe::quantize_gguf)).
+//!
+//! Left for later: SIMD versions of the dot products, chosen at run time and tested against
+//! these scalar ones, and threads (chapter 8); weights mapped from the file instead of copied
+//! (chapter 10).
+
+pub mod gguf_write;
+pub mod qmatrix;
+pub mod quants;
+pub mod recipe;
+
+pub use qmatrix::{QMatrix, QuantLoader, RequantLoader, requantize};
+pub use quants::{Block, TypeTraits, quantize_chunk, type_traits};
+
+/// Everything earlier chapters offer, so `ch06` reads as "the engine as of chapter 6".
+pub use ch05::{self, *};

@@ -1,0 +1,305 @@
+"""Produce reference-data/: what llama.cpp computes for the default model.
+
+Run through `scripts/export-reference`, which prepares the Python environment and the model;
+see reference-data/README.md for the format of every file written here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import re
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+from . import engine as E
+from . import facts, prompts, quant, tokenizer
+from .common import log, sha256_file, write_json
+from .f32_model import write_f32_copy
+
+FORMAT_VERSION = 1
+LLAMA_CPP_PYTHON = "0.3.36"
+
+DESCRIPTIONS = {
+    "model/facts.json": "model facts from llama.cpp's C API and gguf-py: hyperparameters, "
+    "special ids, metadata, tensor list (name, type, ne, offset)",
+    "model/dequant.safetensors": "gguf-py's dequantization of the first rows of a few tensors",
+    "tokenizer/corpus.json": "llama.cpp's tokenization and detokenization of hard strings, "
+    "for the default vocabulary and the three vocab-only models",
+    "quant/variants.json": "quantized variants: per-tensor type, ne, sha256; greedy continuations",
+    "quant/logits.safetensors": "last-position logits of the short prompt on each variant",
+    "quant/blocks.safetensors": "gguf-py's quantization and dequantization of seeded rows",
+    "quant/blocks-ggml.safetensors": "ggml's quantization (ggml_quantize_chunk) of the same "
+    "rows, dequantized by gguf-py",
+}
+
+
+def describe(rel: str) -> str:
+    if rel in DESCRIPTIONS:
+        return DESCRIPTIONS[rel]
+    if m := re.fullmatch(r"prompts/(\w+)\.safetensors", rel):
+        return f"prompt {m[1]}: intermediate tensors of the forward pass, by llama.cpp graph name"
+    if m := re.fullmatch(r"prompts/(\w+)\.decode\.safetensors", rel):
+        return f"prompt {m[1]}: logits of each greedy decode step (full f32 for the first steps, top-k for all)"
+    if m := re.fullmatch(r"prompts/(\w+)\.generation\.json", rel):
+        return f"prompt {m[1]}: greedy continuation, ids and text"
+    if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
+        return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
+    if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
+        what = (
+            "test strings, separated by __ggml_vocab_test__"
+            if m[2] == "inp"
+            else "expected ids, one line per string"
+        )
+        return f"llama.cpp's tokenizer test for {m[1]}: {what}"
+    raise RuntimeError(f"no description for {rel}")
+
+
+def llama_cpp_commit(sdist: Path) -> str | None:
+    """The llama.cpp commit this llama-cpp-python release vendors, from its CHANGELOG."""
+    with tarfile.open(sdist) as tf:
+        root = tf.getnames()[0].split("/")[0]
+        f = tf.extractfile(f"{root}/CHANGELOG.md")
+        text = f.read().decode() if f else ""
+    section = text.split(f"## [{LLAMA_CPP_PYTHON}]", 1)[-1].split("\n## [", 1)[0]
+    m = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section)
+    return m[1] if m else None
+
+
+def ggml_header(sdist: Path) -> str:
+    with tarfile.open(sdist) as tf:
+        root = tf.getnames()[0].split("/")[0]
+        return tf.extractfile(f"{root}/vendor/llama.cpp/ggml/include/ggml.h").read().decode()
+
+
+def notes(pr: dict) -> list[str]:
+    """What a reader of these numbers should know about llama.cpp's behaviour here."""
+    gen = {p["id"]: p for p in pr["prompts"]}
+    diff = max(c["max_abs_diff_logits_with_vs_without_callback"] for c in pr["checks"].values())
+    return [
+        (
+            "SmolLM2's BOS token is <|im_start|> (id 1) and its EOS <|im_end|> (id 2); "
+            "tokenizer.ggml.add_bos_token is false, so add_special adds nothing to these prompts."
+        ),
+        "Greedy decoding on the F32 copy: "
+        + "; ".join(
+            f"{i}: {p['generated']} tokens, stopped by {p['stopped']}" for i, p in gen.items()
+        )
+        + ". A sampled end-of-generation token is kept as the last id; nothing is decoded after it.",
+        (
+            "Rows of 576 values are not a multiple of QK_K = 256, so llama_model_quantize falls back "
+            "to a legacy type for those tensors (Q4_K_M: mostly Q5_0; Q6_K: mostly Q8_0); only "
+            "ffn_down (rows of 1536) gets K-quants. See type_counts under quant."
+        ),
+        (
+            "llama.cpp describes the model as 'llama 256M Q4_1': its size label comes from the layer "
+            "count (30 layers), not from the parameter count (134.5M)."
+        ),
+        (
+            "Both RMS_NORM nodes of a layer are named norm-L; attn_norm-L and ffn_norm-L are the MUL "
+            "by the weight that follows (the CPU backend fuses the pair)."
+        ),
+        (
+            "Capturing tensors splits the graph computation at every stored tensor; the logits equal "
+            f"those of a run without the callback (largest difference {diff})."
+        ),
+        (
+            "Quantized runs (quant/): matrix products with quantized weights first quantize the "
+            "activations to the weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K), and with the "
+            "default F16 KV cache Q and the attention weights are converted to F16 for the products "
+            "with the cache. The CPU backend may also repack some weight types into interleaved "
+            "layouts (use_extra_bufts, REPACK in system_info). The F32 runs have none of this."
+        ),
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="export-reference")
+    ap.add_argument("--model", type=Path, required=True, help="the default model (Q4_1 GGUF)")
+    ap.add_argument("--cache", type=Path, required=True, help="cache directory for derived models")
+    ap.add_argument("--sdist", type=Path, required=True, help="llama-cpp-python sdist (.tar.gz)")
+    ap.add_argument("--out", type=Path, required=True, help="reference-data/ directory to replace")
+    args = ap.parse_args()
+
+    E.init()
+    layout = E.check_tensor_mirror(ggml_header(args.sdist))
+    log(f"ggml_tensor mirror matches ggml.h and the library ({layout})")
+
+    # Everything is written to a staging directory first, then replaces reference-data/ in
+    # one step: a failed run leaves the old references intact, and no stale file survives.
+    stage = args.cache / "reference" / "staging"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+
+    f32_path = args.cache / (args.model.name.split(".")[0] + ".F32.gguf")
+    write_f32_copy(args.model, f32_path)
+
+    f32_settings = E.ContextSettings(
+        n_ctx=256,
+        n_batch=256,
+        n_threads=2,
+        type_k=E.L.GGML_TYPE_F32,
+        type_v=E.L.GGML_TYPE_F32,
+        flash_attn=False,
+    )
+    # The quantized variants run with the same F32 KV cache: with 8-bit activations a tiny
+    # perturbation anywhere (an f16 cache rounds every key and value) flips activation codes
+    # downstream and moves logits by whole units, which would hide what the weights do.
+    quant_settings = f32_settings
+
+    log("step 4-5: prompts on the F32 copy")
+    pr = prompts.export_prompts(f32_path, stage, f32_settings)
+    log("step 6: model facts")
+    fa = facts.export_facts(args.model, stage)
+    log("step 7: tokenizer")
+    copied = tokenizer.copy_vocab_files(args.sdist, stage)
+    tk = tokenizer.export_corpus(args.model, stage)
+    log("step 8: quantized variants and blocks")
+    qu = quant.export_quant(args.model, f32_path, args.cache, stage, quant_settings)
+
+    files = {}
+    for p in sorted(stage.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(stage).as_posix()
+            files[rel] = {
+                "sha256": sha256_file(p),
+                "size": p.stat().st_size,
+                "holds": describe(rel),
+            }
+
+    versions = E.versions()
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generator": "scripts/export-reference",
+        "llama_cpp_python": versions["llama_cpp_python"],
+        "llama_cpp": {
+            "commit": llama_cpp_commit(args.sdist),
+            "commit_source": "the llama-cpp-python CHANGELOG entry of this release (the sdist "
+            "carries no git metadata, so llama.cpp's build number is not known); ggml_commit is "
+            "what libggml reports about itself",
+            "sdist": args.sdist.name,
+            "sdist_sha256": sha256_file(args.sdist),
+            "ggml_version": versions["ggml_version"],
+            "ggml_commit": versions["ggml_commit"],
+            "system_info": versions["system_info"],
+        },
+        "python": {
+            "version": sys.version.split()[0],
+            "gguf": importlib.metadata.version("gguf"),
+            "numpy": importlib.metadata.version("numpy"),
+        },
+        "model": {
+            "file": args.model.name,
+            "sha256": sha256_file(args.model),
+            "size": args.model.stat().st_size,
+        },
+        "f32_model": {
+            "file": f32_path.name,
+            "sha256": sha256_file(f32_path),
+            "size": f32_path.stat().st_size,
+            "how": "every tensor of the model dequantized by gguf.quants.dequantize and written "
+            "as F32 by GGUFWriter, metadata copied unchanged (general.file_type still says "
+            "Q4_1); kept in the cache, not committed",
+        },
+        "settings": {
+            "threads": 2,
+            **{k: v for k, v in f32_settings.describe().items() if k != "n_threads"},
+            "batch": "the whole prompt in one llama_decode call, logits for every position",
+            "model_params": {
+                "n_gpu_layers": 0,
+                "use_extra_bufts": bool(E.L.llama_model_default_params().use_extra_bufts),
+            },
+            "seed": quant.BLOCK_SEED,
+            "seed_use": "only the seeded inputs of quant/blocks*.safetensors; generation is greedy",
+            "sampler": "greedy: llama_sampler_init_greedy (checked equal to argmax at every step); "
+            "generation stops at 64 tokens or when the sampled token is end-of-generation",
+            "top_k_stored": prompts.TOP_K,
+            "full_logit_steps": prompts.N_FULL_STEPS,
+            "quant_settings": quant_settings.describe(),
+        },
+        "prompts": pr["prompts"],
+        "files": files,
+        "reduced_precision": pr["reduced_precision"],
+        "graph_name_notes": {
+            "naming": "llama.cpp names graph tensors '<name>-<layer>' (llm_graph_context::cb); "
+            "tensors are stored under those names",
+            "occurrences": pr["graph_name_notes"],
+            "rule": "the eval callback sees every node of the graph; a name given to several "
+            "nodes is told apart by the node's op (ggml_op_name): Qcur-L and Kcur-L keep the "
+            "ROPE node (after RoPE), not the MUL_MAT projection or its RESHAPE; Vcur-L keeps the "
+            "RESHAPE (same values as the projection, as (n_tokens, n_head_kv, head_dim))",
+            "mapping": {
+                "attn_norm-L": "RMS norm times attn_norm weight (the bare RMS_NORM node is norm-L)",
+                "Qcur-L": "query after RoPE, (n_tokens, n_head, head_dim)",
+                "Kcur-L": "key after RoPE, (n_tokens, n_head_kv, head_dim)",
+                "Vcur-L": "value, (n_tokens, n_head_kv, head_dim)",
+                "kq_soft_max-L": "softmax(scale * K Q + causal mask), (n_head, n_tokens, n_kv); "
+                "the stored n_kv is cut to n_tokens (see truncation_notes)",
+                "kqv_out-L": "attention output with heads concatenated, before attn_output.weight",
+                "attn_out-L": "after the output projection attn_output.weight",
+                "ffn_inp-L": "attn_out-L + the layer input (the residual)",
+                "ffn_norm-L": "RMS norm times ffn_norm weight",
+                "ffn_gate-L": "ffn_gate.weight projection",
+                "ffn_up-L": "ffn_up.weight projection",
+                "ffn_swiglu-L": "silu(ffn_gate) * ffn_up (one GLU node)",
+                "ffn_out-L": "ffn_down.weight projection, before the residual: the model code "
+                "names the residual sum 'ffn_out' too, but the same node is renamed l_out-L "
+                "right after (no control vector), so ffn_out-L is the MUL_MAT",
+                "l_out-L": "ffn_out-L + ffn_inp-L: the layer output",
+                "result_norm": "final RMS norm times output_norm weight, every position",
+                "result_output": "logits, every position (tied embeddings: token_embd.weight)",
+            },
+            "layers_in_full": list(prompts.FULL_LAYERS),
+        },
+        "truncation_notes": [
+            (
+                "kq_soft_max-L: llama.cpp computes attention over n_kv = "
+                f"{pr['checks']['short']['kq_soft_max_n_kv_before_cut']} KV cells (the cache padded); only the first "
+                "n_tokens cells hold the prompt (positions 0..n_tokens-1, checked), the rest are masked to "
+                "exactly 0 (checked) and not stored"
+            ),
+            (
+                "result_output is stored as F16 for every prompt position (the largest tensor: "
+                "n_tokens x 49152); the last position is also available in full f32 as step 0 of "
+                "<id>.decode.safetensors logits_full. See reduced_precision for the bound."
+            ),
+            "Intermediate tensors are stored for layers 0, 1, 15 and 29 only; l_out-L for every layer.",
+            (
+                "logits_full holds the first 8 decode steps (fewer if generation stopped earlier); "
+                "topk_ids/topk_logits hold the top 32 of every step."
+            ),
+            (
+                "Quantized variant files are not committed (they are in the cache); their sha256 is in "
+                "quant/variants.json."
+            ),
+            "Prompts are short so that everything fits the repository budget.",
+        ],
+        "checks": pr["checks"],
+        "notes": notes(pr),
+        "model_facts": fa,
+        "tokenizer": {"copied_from_llama_cpp": copied, "vocabs": tk},
+        "quant": qu,
+        "ggml_tensor_layout": layout,
+    }
+    write_json(stage / "manifest.json", manifest)
+
+    # Replace the data files of reference-data/ (README.md is documentation, kept).
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for p in sorted(out.iterdir()):
+        if p.name == "README.md":
+            continue
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    for p in sorted(stage.iterdir()):
+        shutil.move(str(p), str(out / p.name))
+    shutil.rmtree(stage, ignore_errors=True)
+    log(f"wrote {len(files)} files to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
