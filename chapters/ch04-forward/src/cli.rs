@@ -61,7 +61,10 @@ pub struct Args {
 impl Args {
     /// The prompt from `--prompt` or the positional argument (empty if neither).
     pub fn prompt_text(&self) -> &str {
-        self.prompt.as_deref().or(self.prompt_arg.as_deref()).unwrap_or("")
+        self.prompt
+            .as_deref()
+            .or(self.prompt_arg.as_deref())
+            .unwrap_or("")
     }
 
     pub fn sampler(&self) -> SamplerParams {
@@ -110,6 +113,19 @@ pub fn prompt_ids(
         prompt.to_string()
     };
     Ok(tok.encode(&text, true, true))
+}
+
+/// The whole `main` of a chapter's `generate` example: parse the flags, [`run`], and exit with
+/// a message on error.
+pub fn main(
+    load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn std::error::Error>>,
+    session: impl for<'m> FnOnce(&'m Model, &Args) -> Box<dyn Session + 'm>,
+) {
+    let args = Args::parse();
+    if let Err(e) = run(&args, load, |model| session(model, &args)) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// Run the example: load with `load`, compute with the session `session` makes, print.

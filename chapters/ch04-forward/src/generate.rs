@@ -99,15 +99,28 @@ impl Generation {
 
 /// Holds back text that might be the start of a stop string, so a stop string is never
 /// streamed even in part.
-struct StopFilter<'a> {
-    stops: &'a [String],
+#[derive(Debug, Clone, Default)]
+pub struct StopFilter {
+    stops: Vec<String>,
     text: String,
     emitted: usize,
 }
 
-impl StopFilter<'_> {
+impl StopFilter {
+    pub fn new(stops: Vec<String>) -> StopFilter {
+        StopFilter {
+            stops,
+            ..StopFilter::default()
+        }
+    }
+
+    /// All text so far, ending before a stop string if one was found.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
     /// Add text; returns (text safe to emit now, whether a stop string was found).
-    fn push(&mut self, s: &str) -> (String, bool) {
+    pub fn push(&mut self, s: &str) -> (String, bool) {
         self.text.push_str(s);
         if let Some(i) = self
             .stops
@@ -122,7 +135,7 @@ impl StopFilter<'_> {
         }
         // Longest suffix of the text that is a proper prefix of some stop string.
         let mut hold = 0;
-        for st in self.stops {
+        for st in &self.stops {
             for k in (1..st.len().min(self.text.len() + 1)).rev() {
                 if st.is_char_boundary(k) && self.text.ends_with(&st[..k]) {
                     hold = hold.max(k);
@@ -136,7 +149,8 @@ impl StopFilter<'_> {
         (out, false)
     }
 
-    fn finish(&mut self) -> String {
+    /// Everything still held back (at the end of generation).
+    pub fn finish(&mut self) -> String {
         let out = self.text[self.emitted..].to_string();
         self.emitted = self.text.len();
         out
@@ -155,11 +169,7 @@ pub fn generate(
 ) -> Result<Generation, ForwardError> {
     let mut sampler = Sampler::new(params.sampler.clone());
     let mut decoder = StreamDecoder::new(tok);
-    let mut filter = StopFilter {
-        stops: &params.stop,
-        text: String::new(),
-        emitted: 0,
-    };
+    let mut filter = StopFilter::new(params.stop.clone());
     let mut tokens = prompt.to_vec();
     let (mut prefill, mut decode, mut decode_calls) = (Duration::ZERO, Duration::ZERO, 0);
     let mut stop = StopReason::MaxTokens;
@@ -215,12 +225,7 @@ mod tests {
     use super::*;
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, bool, String) {
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut f = StopFilter {
-            stops: &stops,
-            text: String::new(),
-            emitted: 0,
-        };
+        let mut f = StopFilter::new(stops.iter().map(|s| s.to_string()).collect());
         let mut streamed = String::new();
         for p in pieces {
             let (out, stopped) = f.push(p);

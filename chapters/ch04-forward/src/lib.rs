@@ -23,7 +23,7 @@ pub mod layer;
 pub mod model;
 pub mod sampling;
 
-pub use generate::{GenParams, Generation, Session, StopReason, Uncached, generate};
+pub use generate::{GenParams, Generation, Session, StopFilter, StopReason, Uncached, generate};
 pub use model::{Batch, ForwardError, Model, Weights};
 pub use sampling::{Sampler, SamplerParams};
 

@@ -15,6 +15,21 @@ pub struct Cached<'m, K: KvStore> {
     pub chunk: usize,
 }
 
+impl<'m> Cached<'m, crate::ContiguousCache> {
+    /// A session with a contiguous cache of `n_ctx` positions (the model's context length when
+    /// `None`) that refuses to overflow, and prefill chunks of 256 tokens: what the examples use.
+    pub fn contiguous(model: &'m Model, n_ctx: Option<usize>) -> Self {
+        let n_ctx = n_ctx.unwrap_or(model.config.context_length);
+        let kv = crate::ContiguousCache::new(
+            model.config.n_layer,
+            model.attention.kv_dim(),
+            n_ctx,
+            crate::Overflow::Error,
+        );
+        Cached::new(model, kv, 256)
+    }
+}
+
 impl<'m, K: KvStore> Cached<'m, K> {
     pub fn new(model: &'m Model, kv: K, chunk: usize) -> Self {
         Cached {

@@ -2,28 +2,11 @@
 //!
 //! cargo run --release -p ch06 --example generate -- --prompt "The capital of France is" -n 64 --temp 0
 
-use ch06::cli::{self, Args};
-use ch06::{Cached, ContiguousCache, Model, Overflow, QuantLoader};
-use clap::Parser;
+use ch06::{Cached, Model, QuantLoader};
 
 fn main() {
-    let args = Args::parse();
-    let result = cli::run(
-        &args,
+    ch06::cli::main(
         |file| Ok(Model::load(file, &QuantLoader)?),
-        |model| {
-            let n_ctx = args.ctx.unwrap_or(model.config.context_length);
-            let kv = ContiguousCache::new(
-                model.config.n_layer,
-                model.attention.kv_dim(),
-                n_ctx,
-                Overflow::Error,
-            );
-            Box::new(Cached::new(model, kv, 256))
-        },
+        |model, args| Box::new(Cached::contiguous(model, args.ctx)),
     );
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
 }

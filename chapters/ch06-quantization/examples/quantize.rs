@@ -45,9 +45,14 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let report = quantize_gguf(&input, &plan, &args.output)?;
-    let counts: Vec<String> = plan.type_counts().iter().map(|(t, n)| format!("{n} {t}")).collect();
+    let counts: Vec<String> = plan
+        .type_counts()
+        .iter()
+        .map(|(t, n)| format!("{n} {t}"))
+        .collect();
     eprintln!(
-        "wrote {} ({ftype}): {} tensors ({}), {:.2} MiB, weight matrices at {:.3} bits per weight, in {:.1} s",
+        "wrote {} ({ftype}): {} tensors ({}), {:.2} MiB, weight matrices at {:.3} bits per \
+         weight, in {:.1} s",
         args.output.display(),
         plan.tensors.len(),
         counts.join(", "),

@@ -39,7 +39,10 @@ pub enum WriteError {
     /// The data given for a tensor, or the error met while producing it.
     Data { name: String, reason: String },
     /// Writing or renaming the file failed.
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl fmt::Display for WriteError {
@@ -124,12 +127,20 @@ impl GgufWriter {
         }
         if key == "general.alignment" {
             if !self.tensors.is_empty() {
-                return Err(key_error(key, "set before adding tensors: offsets depend on it"));
+                return Err(key_error(
+                    key,
+                    "set before adding tensors: offsets depend on it",
+                ));
             }
             match value {
                 Value::U32(a) if a.is_power_of_two() => {}
                 Value::U32(a) => return Err(key_error(key, format!("{a} is not a power of two"))),
-                ref v => return Err(key_error(key, format!("must be a u32, not {}", v.describe()))),
+                ref v => {
+                    return Err(key_error(
+                        key,
+                        format!("must be a u32, not {}", v.describe()),
+                    ));
+                }
             }
         }
         self.remove(key);
@@ -149,17 +160,27 @@ impl GgufWriter {
         if name.len() >= GGML_MAX_NAME {
             return Err(tensor_error(
                 name,
-                format!("name of {} bytes; llama.cpp reads at most {}", name.len(), GGML_MAX_NAME - 1),
+                format!(
+                    "name of {} bytes; llama.cpp reads at most {}",
+                    name.len(),
+                    GGML_MAX_NAME - 1
+                ),
             ));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(tensor_error(name, "added twice"));
         }
         if dims.len() > GGML_MAX_DIMS as usize {
-            return Err(tensor_error(name, format!("{} dimensions, at most {GGML_MAX_DIMS}", dims.len())));
+            return Err(tensor_error(
+                name,
+                format!("{} dimensions, at most {GGML_MAX_DIMS}", dims.len()),
+            ));
         }
         if let Some(d) = dims.iter().find(|&&d| d > i64::MAX as u64) {
-            return Err(tensor_error(name, format!("dimension {d} does not fit in ggml's int64_t")));
+            return Err(tensor_error(
+                name,
+                format!("dimension {d} does not fit in ggml's int64_t"),
+            ));
         }
         let info = TensorInfo {
             name: name.to_string(),
@@ -180,7 +201,10 @@ impl GgufWriter {
         }
         let n_bytes = info.n_bytes();
         let end = (n_bytes != u64::MAX)
-            .then(|| self.data_len.checked_add(n_bytes.next_multiple_of(self.alignment())))
+            .then(|| {
+                self.data_len
+                    .checked_add(n_bytes.next_multiple_of(self.alignment()))
+            })
             .flatten()
             .ok_or_else(|| tensor_error(name, format!("shape {dims:?} of {ty} is too large")))?;
         self.data_len = end;
@@ -382,8 +406,14 @@ mod tests {
             ("t.bool".into(), Value::Bool(true)),
             ("t.string".into(), s("héllo, ☃")),
             ("t.empty_string".into(), s("")),
-            ("t.arr_i32".into(), Value::Array(ValueType::I32, vec![Value::I32(-1), Value::I32(7)])),
-            ("t.arr_str".into(), Value::Array(ValueType::String, vec![s("a"), s(""), s("ccc")])),
+            (
+                "t.arr_i32".into(),
+                Value::Array(ValueType::I32, vec![Value::I32(-1), Value::I32(7)]),
+            ),
+            (
+                "t.arr_str".into(),
+                Value::Array(ValueType::String, vec![s("a"), s(""), s("ccc")]),
+            ),
             ("t.arr_empty".into(), Value::Array(ValueType::F32, vec![])),
             (
                 "t.arr_arr".into(),
@@ -410,7 +440,9 @@ mod tests {
     }
 
     fn data(t: &TensorInfo) -> Result<Vec<u8>, String> {
-        Ok((0..t.n_bytes()).map(|i| (i as u8) ^ t.name.as_bytes()[0]).collect())
+        Ok((0..t.n_bytes())
+            .map(|i| (i as u8) ^ t.name.as_bytes()[0])
+            .collect())
     }
 
     #[test]
@@ -455,7 +487,11 @@ mod tests {
         w.set("a", Value::U32(1)).unwrap();
         w.set("b", Value::U32(2)).unwrap();
         w.set("a", Value::U32(3)).unwrap();
-        let keys: Vec<_> = w.metadata().iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let keys: Vec<_> = w
+            .metadata()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         assert_eq!(keys, [("b", Value::U32(2)), ("a", Value::U32(3))]);
     }
 
@@ -463,21 +499,35 @@ mod tests {
     fn what_a_reader_would_refuse_is_refused_with_its_name() {
         let mut w = GgufWriter::new();
         let e = w.set("general.alignment", Value::U32(48)).unwrap_err();
-        assert!(e.to_string().contains("general.alignment") && e.to_string().contains("48"), "{e}");
+        assert!(
+            e.to_string().contains("general.alignment") && e.to_string().contains("48"),
+            "{e}"
+        );
         let e = w.set("general.alignment", Value::U64(64)).unwrap_err();
         assert!(e.to_string().contains("u32"), "{e}");
-        let e = w.set("bad.array", Value::Array(ValueType::U8, vec![Value::I8(1)])).unwrap_err();
+        let e = w
+            .set("bad.array", Value::Array(ValueType::U8, vec![Value::I8(1)]))
+            .unwrap_err();
         assert!(e.to_string().contains("bad.array"), "{e}");
         let e = w.add_tensor("q", &[576, 4], GgmlType::Q4_K).unwrap_err();
-        assert!(e.to_string().contains("\"q\"") && e.to_string().contains("576"), "{e}");
+        assert!(
+            e.to_string().contains("\"q\"") && e.to_string().contains("576"),
+            "{e}"
+        );
         w.add_tensor("t", &[4], GgmlType::F32).unwrap();
         let e = w.add_tensor("t", &[4], GgmlType::F32).unwrap_err();
         assert!(e.to_string().contains("twice"), "{e}");
-        let e = w.add_tensor(&"n".repeat(64), &[4], GgmlType::F32).unwrap_err();
+        let e = w
+            .add_tensor(&"n".repeat(64), &[4], GgmlType::F32)
+            .unwrap_err();
         assert!(e.to_string().contains("64 bytes"), "{e}");
-        let e = w.add_tensor("big", &[1 << 40, 1 << 40], GgmlType::F32).unwrap_err();
+        let e = w
+            .add_tensor("big", &[1 << 40, 1 << 40], GgmlType::F32)
+            .unwrap_err();
         assert!(e.to_string().contains("too large"), "{e}");
-        let e = w.add_tensor("d5", &[1, 1, 1, 1, 1], GgmlType::F32).unwrap_err();
+        let e = w
+            .add_tensor("d5", &[1, 1, 1, 1, 1], GgmlType::F32)
+            .unwrap_err();
         assert!(e.to_string().contains("5 dimensions"), "{e}");
         let e = w.set("general.alignment", Value::U32(64)).unwrap_err();
         assert!(e.to_string().contains("before adding tensors"), "{e}");
@@ -492,14 +542,25 @@ mod tests {
 
         // The data source fails in the middle: neither OUT nor OUT.tmp remains.
         let e = w
-            .write_file(&out, |t| if t.name == "b" { Err("no data for b") } else { data(t).map_err(|_| "") })
+            .write_file(&out, |t| {
+                if t.name == "b" {
+                    Err("no data for b")
+                } else {
+                    data(t).map_err(|_| "")
+                }
+            })
             .unwrap_err();
-        assert!(e.to_string().contains("\"b\"") && e.to_string().contains("no data for b"), "{e}");
+        assert!(
+            e.to_string().contains("\"b\"") && e.to_string().contains("no data for b"),
+            "{e}"
+        );
         assert!(!out.exists());
         assert!(!dir.join("out.gguf.tmp").exists());
 
         // A tensor of the wrong size is caught before it is written.
-        let e = w.write_file(&out, |_| Ok::<_, String>(vec![0u8; 3])).unwrap_err();
+        let e = w
+            .write_file(&out, |_| Ok::<_, String>(vec![0u8; 3]))
+            .unwrap_err();
         assert!(e.to_string().contains("3 bytes given"), "{e}");
         assert!(!out.exists());
 
@@ -512,7 +573,9 @@ mod tests {
         assert_eq!(g.tensors.len(), 3);
 
         // A directory that does not exist: an I/O error naming the path.
-        let e = w.write_file(dir.join("missing").join("x.gguf"), data).unwrap_err();
+        let e = w
+            .write_file(dir.join("missing").join("x.gguf"), data)
+            .unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

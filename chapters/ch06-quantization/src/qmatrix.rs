@@ -47,7 +47,7 @@ impl<S: AsRef<[u8]>> QMatrix<S> {
         let traits = type_traits(ty).ok_or_else(unsupported)?;
         let vec_dot = traits.vec_dot.ok_or_else(unsupported)?;
         let act = type_traits(traits.vec_dot_type).ok_or_else(unsupported)?;
-        if cols % traits.block_size != 0 || cols % act.block_size != 0 {
+        if !cols.is_multiple_of(traits.block_size) || !cols.is_multiple_of(act.block_size) {
             return Err(LoadError::Other(format!(
                 "tensor {name:?}: {cols} columns are not a whole number of {} blocks",
                 ty.name()

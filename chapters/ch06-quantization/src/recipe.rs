@@ -140,9 +140,16 @@ pub enum RecipeError {
     /// A metadata value the recipe needs.
     Metadata(String),
     /// A rule that cannot be applied to a tensor.
-    Tensor { name: String, reason: String },
+    Tensor {
+        name: String,
+        reason: String,
+    },
     /// A bad line in a list of types.
-    List { source: String, line: usize, reason: String },
+    List {
+        source: String,
+        line: usize,
+        reason: String,
+    },
     Write(WriteError),
 }
 
@@ -311,7 +318,10 @@ pub fn allows_quantization(t: &TensorInfo) -> bool {
 fn blk_layer(name: &str) -> Option<i64> {
     let rest = name.strip_prefix("blk.")?.trim_start();
     let sign = usize::from(rest.starts_with(['-', '+']));
-    let end = sign + rest[sign..].find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len() - sign);
+    let end = sign
+        + rest[sign..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len() - sign);
     rest[..end].parse().ok()
 }
 
@@ -363,7 +373,11 @@ impl State<'_> {
     // ANCHOR: get_type_impl
     /// `llama_tensor_get_type_impl`, for the file types here: the type of a quantizable
     /// tensor before the shape fallback.
-    fn get_type_impl(&mut self, t: &TensorInfo, mut new: GgmlType) -> Result<GgmlType, RecipeError> {
+    fn get_type_impl(
+        &mut self,
+        t: &TensorInfo,
+        mut new: GgmlType,
+    ) -> Result<GgmlType, RecipeError> {
         use GgmlType::*;
         use LlamaFtype as F;
         let (ftype, facts) = (self.ftype, self.facts);
@@ -425,7 +439,10 @@ impl State<'_> {
                     new = Q4_K;
                 }
             } else if facts.n_expert == 8 {
-                if matches!(ftype, F::Q2_K | F::Q3_K_S | F::Q3_K_M | F::Q4_K_S | F::Q4_K_M) {
+                if matches!(
+                    ftype,
+                    F::Q2_K | F::Q3_K_S | F::Q3_K_M | F::Q4_K_S | F::Q4_K_M
+                ) {
                     new = Q5_K;
                 }
             } else {
@@ -472,7 +489,11 @@ pub fn fallback(t: &TensorInfo, target: GgmlType) -> Result<GgmlType, RecipeErro
             });
         }
     };
-    Ok(if ncols.is_multiple_of(ty.block_size()) { ty } else { F16 })
+    Ok(if ncols.is_multiple_of(ty.block_size()) {
+        ty
+    } else {
+        F16
+    })
 }
 // ANCHOR_END: fallback
 
@@ -493,7 +514,10 @@ impl Plan {
         let mut infos: Vec<&TensorInfo> = gguf.tensors.iter().collect();
         infos.sort_by(|a, b| llama_order(&a.name, &b.name));
         let is_attn_v = |t: &&&TensorInfo| {
-            matches!(category(&t.name), Category::AttnV | Category::AttnQkv | Category::AttnKvB)
+            matches!(
+                category(&t.name),
+                Category::AttnV | Category::AttnQkv | Category::AttnKvB
+            )
         };
         let mut state = State {
             facts: &facts,
@@ -523,7 +547,10 @@ impl Plan {
 
     /// The type planned for tensor `name`.
     pub fn get(&self, name: &str) -> Option<GgmlType> {
-        self.tensors.iter().find(|(n, _)| n == name).map(|&(_, ty)| ty)
+        self.tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, ty)| ty)
     }
     // ANCHOR_END: plan
 
@@ -619,11 +646,16 @@ impl TypeList {
                 .into_iter()
                 .find(|t| t.name().eq_ignore_ascii_case(ty))
                 .ok_or_else(|| err(format!("unknown ggml type {ty:?}")))?;
-            if crate::quants::type_traits(ty).is_none() || matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+            if crate::quants::type_traits(ty).is_none()
+                || matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K)
+            {
                 return Err(err(format!("no weight quantizer for {ty} here")));
             }
             if let Some(prev) = entries.iter().find(|e| e.name == name) {
-                return Err(err(format!("{name:?} is already given on line {}", prev.line)));
+                return Err(err(format!(
+                    "{name:?} is already given on line {}",
+                    prev.line
+                )));
             }
             entries.push(TypeEntry {
                 name: name.to_string(),
@@ -701,7 +733,7 @@ pub fn quantize_gguf<B: AsRef<[u8]>>(
     let file_size = w.write_file(out, |t| -> Result<Vec<u8>, String> {
         let src = input.tensor(&t.name).expect("planned from this file");
         let bytes = input.bytes_of(src).map_err(|e| e.to_string())?;
-        if src.ggml_type == t.ggml_type {
+        if src.ggml_type == t.ggml_type || t.n_bytes() == 0 {
             return Ok(bytes.to_vec());
         }
         requantize(src, bytes, t.ggml_type).map_err(|e| e.to_string())
@@ -760,6 +792,9 @@ mod tests {
     #[test]
     fn use_more_bits_picks_ends_and_every_third_layer() {
         let more: Vec<usize> = (0..32).filter(|&i| use_more_bits(i, 32)).collect();
-        assert_eq!(more, [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]);
+        assert_eq!(
+            more,
+            [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+        );
     }
 }

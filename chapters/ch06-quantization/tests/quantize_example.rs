@@ -26,7 +26,11 @@ impl Drop for TempDir {
 fn quantizing_to_q8_0_writes_llama_cpps_file() {
     let json = shared::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
     let want = &json["variants"]["Q8_0"];
-    assert_eq!(want["ftype"].as_u64(), Some(7), "quant/variants.json: Q8_0 is LLAMA_FTYPE_MOSTLY_Q8_0");
+    assert_eq!(
+        want["ftype"].as_u64(),
+        Some(7),
+        "quant/variants.json: Q8_0 is LLAMA_FTYPE_MOSTLY_Q8_0"
+    );
 
     let input = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let dir = TempDir(std::env::temp_dir().join(format!("ch06-quantize-{}", std::process::id())));
@@ -36,7 +40,8 @@ fn quantizing_to_q8_0_writes_llama_cpps_file() {
     let report = quantize_gguf(&input, &plan, &out).unwrap();
 
     // It parses, with the input's metadata and llama.cpp's file type.
-    let written = GgufFile::open(&out).unwrap_or_else(|e| panic!("the written file does not parse: {e}"));
+    let written =
+        GgufFile::open(&out).unwrap_or_else(|e| panic!("the written file does not parse: {e}"));
     assert_eq!(written.get_u32("general.file_type").unwrap(), 7);
     for (key, value) in &input.metadata {
         if key != "general.file_type" {
@@ -52,21 +57,53 @@ fn quantizing_to_q8_0_writes_llama_cpps_file() {
     let mut differ = vec![];
     for t in tensors {
         let name = t["name"].as_str().unwrap();
-        let info = written.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
-        let ne: Vec<u64> = t["ne"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
-        assert_eq!((info.ggml_type.name(), &info.dims), (t["type"].as_str().unwrap(), &ne), "{name}");
+        let info = written
+            .tensor(name)
+            .unwrap_or_else(|| panic!("no tensor {name}"));
+        let ne: Vec<u64> = t["ne"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            (info.ggml_type.name(), &info.dims),
+            (t["type"].as_str().unwrap(), &ne),
+            "{name}"
+        );
         let got = hex(&Sha256::digest(written.bytes_of(info).unwrap()));
         if got != t["sha256"].as_str().unwrap() {
-            differ.push(format!("{name} ({}): sha256 {got}, llama.cpp's {}", info.ggml_type, t["sha256"]));
+            differ.push(format!(
+                "{name} ({}): sha256 {got}, llama.cpp's {}",
+                info.ggml_type, t["sha256"]
+            ));
         }
     }
-    assert!(differ.is_empty(), "{} tensors differ:\n{}", differ.len(), differ.join("\n"));
+    assert!(
+        differ.is_empty(),
+        "{} tensors differ:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
 
     // And, metadata order and padding included, the whole file is llama.cpp's.
-    assert_eq!(written.bytes().len() as u64, want["size"].as_u64().unwrap(), "file size");
-    assert_eq!(hex(&Sha256::digest(written.bytes())), want["sha256"].as_str().unwrap(), "file sha256");
+    assert_eq!(
+        written.bytes().len() as u64,
+        want["size"].as_u64().unwrap(),
+        "file size"
+    );
+    assert_eq!(
+        hex(&Sha256::digest(written.bytes())),
+        want["sha256"].as_str().unwrap(),
+        "file sha256"
+    );
 
     // 8.5 bits per weight: a Q8_0 block is 32 one-byte codes and an f16 scale.
     assert_eq!(report.bits_per_weight(), 8.5);
-    assert!(written.tensors.iter().all(|t| t.ggml_type != GgmlType::Q4_1));
+    assert!(
+        written
+            .tensors
+            .iter()
+            .all(|t| t.ggml_type != GgmlType::Q4_1)
+    );
 }

@@ -32,19 +32,41 @@ fn the_recipe_chooses_llama_cpps_type_for_every_tensor() {
             .as_array()
             .expect("a `tensors` list")
             .iter()
-            .map(|t| (t["name"].as_str().unwrap().to_string(), type_named(t["type"].as_str().unwrap())))
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap().to_string(),
+                    type_named(t["type"].as_str().unwrap()),
+                )
+            })
             .collect();
         let plan = Plan::new(&model.gguf, ftype).unwrap();
         let differ: Vec<String> = want
             .iter()
             .filter(|(name, ty)| plan.get(name) != Some(*ty))
-            .map(|(name, ty)| format!("{variant}: {name}: llama.cpp {ty}, recipe {:?}", plan.get(name)))
+            .map(|(name, ty)| {
+                format!(
+                    "{variant}: {name}: llama.cpp {ty}, recipe {:?}",
+                    plan.get(name)
+                )
+            })
             .collect();
-        assert!(differ.is_empty(), "{} tensors differ:\n{}", differ.len(), differ.join("\n"));
-        assert_eq!(plan.tensors, want, "{variant}: same types, but not in llama.cpp's order");
+        assert!(
+            differ.is_empty(),
+            "{} tensors differ:\n{}",
+            differ.len(),
+            differ.join("\n")
+        );
+        assert_eq!(
+            plan.tensors, want,
+            "{variant}: same types, but not in llama.cpp's order"
+        );
         checked.push(format!("{variant}: {:?}", plan.type_counts()));
     }
-    assert_eq!(checked.len(), 4, "expected the Q8_0, Q4_0, Q4_K_M and Q6_K variants");
+    assert_eq!(
+        checked.len(),
+        4,
+        "expected the Q8_0, Q4_0, Q4_K_M and Q6_K variants"
+    );
     println!("{}", checked.join("\n"));
 }
 
@@ -83,7 +105,10 @@ fn model(n_layer: usize, d: u64, n_head: u32, n_head_kv: u32, tied: bool) -> Ggu
             ("general.architecture".into(), s("llama")),
             ("llama.block_count".into(), Value::U32(n_layer as u32)),
             ("llama.attention.head_count".into(), Value::U32(n_head)),
-            ("llama.attention.head_count_kv".into(), Value::U32(n_head_kv)),
+            (
+                "llama.attention.head_count_kv".into(),
+                Value::U32(n_head_kv),
+            ),
         ],
         tensors,
         alignment: 32,
@@ -106,7 +131,10 @@ fn q4_k_m_spends_more_bits_on_attn_v_and_ffn_down_in_chosen_layers() {
     let more = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31];
     assert_eq!(layers_with(&plan, "attn_v.weight", GgmlType::Q6_K), more);
     assert_eq!(layers_with(&plan, "ffn_down.weight", GgmlType::Q6_K), more);
-    assert_eq!(layers_with(&plan, "ffn_down.weight", GgmlType::Q4_K).len(), 32 - more.len());
+    assert_eq!(
+        layers_with(&plan, "ffn_down.weight", GgmlType::Q4_K).len(),
+        32 - more.len()
+    );
     assert_eq!(plan.get("output.weight"), Some(GgmlType::Q6_K));
     assert_eq!(plan.get("token_embd.weight"), Some(GgmlType::Q4_K)); // untied: the default
     assert_eq!(plan.get("blk.5.attn_q.weight"), Some(GgmlType::Q4_K));
@@ -121,7 +149,10 @@ fn other_mixes_follow_their_rules() {
 
     let q3 = plan(LlamaFtype::Q3_K_M);
     assert_eq!(layers_with(&q3, "attn_v.weight", GgmlType::Q5_K), [0, 1]);
-    assert_eq!(layers_with(&q3, "attn_v.weight", GgmlType::Q4_K), (2..32).collect::<Vec<_>>());
+    assert_eq!(
+        layers_with(&q3, "attn_v.weight", GgmlType::Q4_K),
+        (2..32).collect::<Vec<_>>()
+    );
     assert_eq!(layers_with(&q3, "ffn_down.weight", GgmlType::Q5_K), [0, 1]);
     assert_eq!(layers_with(&q3, "attn_output.weight", GgmlType::Q4_K), all);
     assert_eq!(q3.get("token_embd.weight"), Some(GgmlType::Q6_K)); // tied: the output's type
@@ -132,11 +163,22 @@ fn other_mixes_follow_their_rules() {
     assert_eq!(layers_with(&q2, "attn_q.weight", GgmlType::Q2_K), all);
 
     let q4s = plan(LlamaFtype::Q4_K_S);
-    assert_eq!(layers_with(&q4s, "attn_v.weight", GgmlType::Q5_K), [0, 1, 2, 3]);
-    assert_eq!(layers_with(&q4s, "ffn_down.weight", GgmlType::Q5_K), [0, 1, 2, 3]);
+    assert_eq!(
+        layers_with(&q4s, "attn_v.weight", GgmlType::Q5_K),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(
+        layers_with(&q4s, "ffn_down.weight", GgmlType::Q5_K),
+        [0, 1, 2, 3]
+    );
 
     let q8 = plan(LlamaFtype::Q8_0);
-    assert!(q8.tensors.iter().all(|(n, t)| *t == if n.contains("norm") { GgmlType::F32 } else { GgmlType::Q8_0 }));
+    assert!(q8.tensors.iter().all(|(n, t)| *t
+        == if n.contains("norm") {
+            GgmlType::F32
+        } else {
+            GgmlType::Q8_0
+        }));
     let f16 = plan(LlamaFtype::F16);
     assert_eq!(f16.get("token_embd.weight"), Some(GgmlType::F16));
     assert_eq!(f16.get("output_norm.weight"), Some(GgmlType::F32));
@@ -151,7 +193,13 @@ fn k_quants_fall_back_when_rows_do_not_split_into_256() {
         ggml_type: F32,
         offset: 0,
     };
-    for (target, want_576) in [(Q2_K, Q4_0), (Q3_K, Q4_0), (Q4_K, Q5_0), (Q5_K, Q5_1), (Q6_K, Q8_0)] {
+    for (target, want_576) in [
+        (Q2_K, Q4_0),
+        (Q3_K, Q4_0),
+        (Q4_K, Q5_0),
+        (Q5_K, Q5_1),
+        (Q6_K, Q8_0),
+    ] {
         assert_eq!(fallback(&t(576), target).unwrap(), want_576, "{target}");
         assert_eq!(fallback(&t(512), target).unwrap(), target, "{target}");
         assert_eq!(fallback(&t(48), target).unwrap(), F16, "{target}");
@@ -181,10 +229,19 @@ fn only_weight_matrices_are_quantized() {
     };
     assert!(allows_quantization(&t("blk.0.attn_q.weight", vec![64, 64])));
     assert!(!allows_quantization(&t("blk.0.attn_norm.weight", vec![64])));
-    assert!(!allows_quantization(&t("blk.0.attn_q.weight", vec![64, 1, 1]))); // 1-D in ggml's eyes
+    assert!(!allows_quantization(&t(
+        "blk.0.attn_q.weight",
+        vec![64, 1, 1]
+    ))); // 1-D in ggml's eyes
     assert!(!allows_quantization(&t("blk.0.attn_q.bias", vec![64, 64])));
-    assert!(!allows_quantization(&t("blk.0.ffn_gate_inp.weight", vec![64, 8])));
-    assert!(!allows_quantization(&t("blk.0.post_attention_norm.weight", vec![64, 2])));
+    assert!(!allows_quantization(&t(
+        "blk.0.ffn_gate_inp.weight",
+        vec![64, 8]
+    )));
+    assert!(!allows_quantization(&t(
+        "blk.0.post_attention_norm.weight",
+        vec![64, 2]
+    )));
 }
 
 #[test]
@@ -194,7 +251,10 @@ fn a_list_of_types_reproduces_a_mix_exactly() {
     let list = TypeList::parse(&q4km.to_list(), "q4_k_m.txt").unwrap();
     assert_eq!(list.entries.len(), model.gguf.tensors.len());
     // Starting from a plain Q8_0 plan, the list gives back every Q4_K_M type.
-    let rebuilt = Plan::new(&model.gguf, LlamaFtype::Q8_0).unwrap().with_list(&model.gguf, &list).unwrap();
+    let rebuilt = Plan::new(&model.gguf, LlamaFtype::Q8_0)
+        .unwrap()
+        .with_list(&model.gguf, &list)
+        .unwrap();
     assert_eq!(rebuilt.tensors, q4km.tensors);
 }
 
@@ -204,26 +264,50 @@ fn bad_lists_are_refused_with_the_line() {
     let plan = || Plan::new(&model.gguf, LlamaFtype::Q8_0).unwrap();
     let err = |text: &str| match TypeList::parse(text, "types.txt") {
         Err(e) => e.to_string(),
-        Ok(list) => plan().with_list(&model.gguf, &list).unwrap_err().to_string(),
+        Ok(list) => plan()
+            .with_list(&model.gguf, &list)
+            .unwrap_err()
+            .to_string(),
     };
-    let ok = TypeList::parse("# a comment\n\n  blk.0.attn_q.weight   q4_k # inline\n", "t").unwrap();
+    let ok = TypeList::parse(
+        "# a comment\n\n  blk.0.attn_q.weight   q4_k # inline\n",
+        "t",
+    )
+    .unwrap();
     assert_eq!(ok.entries[0].ty, GgmlType::Q4_K);
     assert_eq!(ok.entries[0].line, 3);
 
     let cases = [
         ("blk.0.attn_q.weight\n", "types.txt:1: expected `name TYPE`"),
-        ("\nblk.0.attn_q.weight Q9_0\n", "types.txt:2: unknown ggml type \"Q9_0\""),
-        ("blk.0.attn_q.weight IQ2_XXS\n", "no weight quantizer for IQ2_XXS"),
+        (
+            "\nblk.0.attn_q.weight Q9_0\n",
+            "types.txt:2: unknown ggml type \"Q9_0\"",
+        ),
+        (
+            "blk.0.attn_q.weight IQ2_XXS\n",
+            "no weight quantizer for IQ2_XXS",
+        ),
         ("blk.0.attn_q.weight Q8_K\n", "no weight quantizer for Q8_K"),
-        ("blk.0.attn_q.weight Q8_0\nblk.0.attn_q.weight Q4_0\n", "types.txt:2: \"blk.0.attn_q.weight\" is already given on line 1"),
-        ("blk.99.attn_q.weight Q4_0\n", "types.txt:1: the model has no tensor \"blk.99.attn_q.weight\""),
-        ("blk.0.attn_q.weight Q4_K\n", "rows of 576 elements, not a whole number of Q4_K blocks"),
+        (
+            "blk.0.attn_q.weight Q8_0\nblk.0.attn_q.weight Q4_0\n",
+            "types.txt:2: \"blk.0.attn_q.weight\" is already given on line 1",
+        ),
+        (
+            "blk.99.attn_q.weight Q4_0\n",
+            "types.txt:1: the model has no tensor \"blk.99.attn_q.weight\"",
+        ),
+        (
+            "blk.0.attn_q.weight Q4_K\n",
+            "rows of 576 elements, not a whole number of Q4_K blocks",
+        ),
     ];
     for (text, want) in cases {
         let got = err(text);
         assert!(got.contains(want), "{text:?}: {got}");
     }
-    let missing = std::env::temp_dir().join("no-such-dir-ch06").join("types.txt");
+    let missing = std::env::temp_dir()
+        .join("no-such-dir-ch06")
+        .join("types.txt");
     let e = TypeList::read(&missing).unwrap_err().to_string();
     assert!(e.contains("types.txt"), "{e}");
 }

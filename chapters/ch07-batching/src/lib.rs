@@ -1,0 +1,36 @@
+//! Chapter 7: batching — many requests through one forward pass.
+//!
+//! Chapter 4's forward pass already takes a batch of tokens from several sequences, and
+//! chapter 5's paged cache already holds many sequences in one pool of blocks. This chapter
+//! puts them to work for many users at once:
+//! - [`scheduler`]: continuous batching. Requests arrive and finish between steps; each step
+//!   packs one decode token per running request and chunks of prompts up to a token budget into
+//!   one batch, runs the model once, and streams every request's text. It documents and tests
+//!   its policy for fairness (oldest first, decodes before prompt chunks, no starvation) and for
+//!   running out of KV blocks (evict the prefix cache, shorten the chunk, preempt the newest
+//!   request and recompute it later).
+//! - [`prefix`]: a prefix cache in the spirit of RadixAttention, a radix tree over token ids
+//!   whose edges own KV blocks, shared with running sequences through the block allocator's
+//!   reference counts and evicted least recently used first.
+//! - [`request`]: a request, the per-request sampler, streaming decoder and stop-string filter,
+//!   and the report of a finished request.
+//! - [`throughput`]: the measurement behind the chapter's table: the same prompts batched and
+//!   one at a time.
+//!
+//! Left for later: the batch still runs on one thread with scalar kernels (chapter 8 makes the
+//! matrix products fast and parallel, which is where batching pays most), and requests come
+//! from a loop in the same process rather than over a network.
+
+pub mod prefix;
+pub mod request;
+pub mod scheduler;
+pub mod throughput;
+
+pub use prefix::PrefixCache;
+pub use request::{Finished, Output, Request, RequestId};
+pub use scheduler::{
+    BatchModel, Scheduler, SchedulerConfig, SchedulerError, Sink, Stats, StepReport,
+};
+
+/// Everything earlier chapters offer, so `ch07` reads as "the engine as of chapter 7".
+pub use ch06::{self, *};

@@ -1,0 +1,135 @@
+//! One weight row · one activation row, and one activation row quantized, for every kernel
+//! and every instruction set this CPU has.
+//!
+//! Each group is one kernel (`vec_dot_q4_0_q8_0`, `quantize_row_q8_K`, …); its members are the
+//! instruction sets (`scalar`, `avx2`, `avx512`, `avx512vnni`, `neon`, `neondotprod`). Sizes:
+//! a 4096-element row (a 7B model's hidden size) and the default model's rows, 576 elements
+//! (`d_model`), or 1536 (`n_ff`) for the k-quants, whose 256-weight super-blocks do not divide
+//! 576. Every result is checked against the scalar one before it is timed.
+//!
+//! Every kernel this CPU can run is a member, including those no set uses (such as
+//! `avx512vnni_ymm` beside `avx512vnni` for the legacy types): the measurements are what
+//! chose between them (see the table in `src/kernels.rs`). `cargo bench -p ch08 --bench
+//! kernels -- vec_dot_q4_0` runs one group.
+
+use ch08::ch01::GgmlType;
+use ch08::kernels::{Isa, KernelSet, TypeKernels, WEIGHT_TYPES, dot_kernels};
+use ch08::quants::{FromFloat, type_traits};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use std::hint::black_box;
+use std::time::Duration;
+
+/// Relative to Σ|w_i · a_i| of the dequantized rows: far above the float-order differences
+/// the tests bound (about 2^-23 per block added), far below what a wrong code or a lost block
+/// costs.
+const CHECK_TOL: f64 = 1e-4;
+
+/// ggml's spelling of a kernel: `vec_dot_q4_K_q8_K`, `vec_dot_f32`.
+fn dot_name(k: &TypeKernels) -> String {
+    let lower = |t: GgmlType| t.name().to_lowercase().replace("_k", "_K");
+    if k.ty == k.act_ty {
+        format!("vec_dot_{}", lower(k.ty))
+    } else {
+        format!("vec_dot_{}_{}", lower(k.ty), lower(k.act_ty))
+    }
+}
+
+fn sizes(ty: GgmlType) -> [usize; 2] {
+    if ty.block_size() == 256 {
+        [4096, 1536]
+    } else {
+        [4096, 576]
+    }
+}
+
+/// Weights and activations as a model has them: smooth values, quantized by chapter 6.
+fn rows(k: &TypeKernels, n: usize) -> (Vec<u8>, Vec<u8>, f64) {
+    let w: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 0.05).collect();
+    let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let bytes = |t: GgmlType| n / t.block_size() as usize * t.type_size() as usize;
+    let (tw, ta) = (type_traits(k.ty).unwrap(), type_traits(k.act_ty).unwrap());
+    let (mut qw, mut qa) = (vec![0u8; bytes(k.ty)], vec![0u8; bytes(k.act_ty)]);
+    (tw.from_float)(&w, &mut qw);
+    (ta.from_float)(&a, &mut qa);
+    let (mut dw, mut da) = (vec![0f32; n], vec![0f32; n]);
+    (tw.to_float)(&qw, &mut dw);
+    (ta.to_float)(&qa, &mut da);
+    let magnitude = dw.iter().zip(&da).map(|(x, y)| (x * y).abs() as f64).sum();
+    (qw, qa, magnitude)
+}
+
+/// The activation quantizers for `ty`'s activations: one per instruction set that has its own.
+fn quantizers(ty: GgmlType) -> Vec<(Isa, FromFloat)> {
+    let mut out: Vec<(Isa, FromFloat)> = Vec::new();
+    for set in KernelSet::available() {
+        let k = set.get(ty).unwrap();
+        if !out.iter().any(|(isa, _)| *isa == k.act_isa) {
+            out.push((k.act_isa, k.quantize_act));
+        }
+    }
+    out
+}
+
+fn vec_dot(c: &mut Criterion) {
+    eprintln!("{}", KernelSet::detect().describe());
+    for ty in WEIGHT_TYPES {
+        let scalar = KernelSet::SCALAR.get(ty).unwrap();
+        let mut group = c.benchmark_group(dot_name(&scalar));
+        for n in sizes(ty) {
+            let (w, a, magnitude) = rows(&scalar, n);
+            let want = (scalar.vec_dot)(n, &w, &a) as f64;
+            group.throughput(Throughput::Elements(n as u64));
+            for k in dot_kernels(ty) {
+                let (name, dot) = (k.name, k.vec_dot);
+                let got = dot(n, &w, &a) as f64;
+                assert!(
+                    (got - want).abs() <= CHECK_TOL * magnitude,
+                    "{ty} {name}: {got}, scalar {want}"
+                );
+                group.bench_function(BenchmarkId::new(name, n), |b| {
+                    b.iter(|| dot(black_box(n), black_box(&w), black_box(&a)))
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+fn quantize(c: &mut Criterion) {
+    // One weight type per activation format.
+    for (ty, name) in [
+        (GgmlType::Q4_0, "quantize_row_q8_0"),
+        (GgmlType::Q4_1, "quantize_row_q8_1"),
+        (GgmlType::Q4_K, "quantize_row_q8_K"),
+    ] {
+        let scalar = KernelSet::SCALAR.get(ty).unwrap();
+        let mut group = c.benchmark_group(name);
+        for n in sizes(ty) {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let size = n / scalar.act_ty.block_size() as usize * scalar.act_ty.type_size() as usize;
+            let mut want = vec![0u8; size];
+            (scalar.quantize_act)(&x, &mut want);
+            group.throughput(Throughput::Elements(n as u64));
+            for (isa, quantize) in quantizers(ty) {
+                let mut out = vec![0u8; size];
+                quantize(&x, &mut out);
+                assert!(out == want, "{name} {isa}: bytes differ from scalar");
+                group.bench_function(BenchmarkId::new(isa.name(), n), |b| {
+                    b.iter(|| quantize(black_box(&x), black_box(&mut out)))
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    // Kernels take nanoseconds to microseconds: two seconds a member are plenty, and keep
+    // the whole run to a few minutes.
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = vec_dot, quantize
+}
+criterion_main!(benches);

@@ -1,0 +1,1016 @@
+//! Quantized matrix products that load each weight once per tile of tokens: row interleaving
+//! and AVX-512 VNNI micro-kernels.
+//!
+//! # Why a different layout
+//!
+//! Chapter 6's product takes one weight row and one activation row at a time and reduces 32
+//! products to one number per block. A SIMD register of 16 lanes then holds 16 partial sums of
+//! the *same* row, which must be added across lanes (a horizontal sum) before the block's scale
+//! can be applied, and a weight block is unpacked again for every token.
+//!
+//! Here 16 rows are interleaved ([`GROUP`]): for each block, the packed weights hold 4 bytes of
+//! row 0, 4 bytes of row 1, …, 4 bytes of row 15 side by side, 64 bytes that fill a register.
+//! One `vpdpbusd` multiplies them by the same 4 activation bytes broadcast to all lanes and adds
+//! each lane's four products into that lane's 32-bit sum: lane `r` accumulates row `r`. After
+//! eight of them (32 weights) each lane holds its row's integer block sum; the scales of the 16
+//! rows are a vector too, so the block is finished with a few vector multiplies and no
+//! horizontal sum at all. The unpacked weights stay in registers while up to [`TILE`] tokens
+//! use them: the micro-kernel computes a 16-row × N-token tile.
+//!
+//! # Same bits as the scalar reference (32-weight blocks)
+//!
+//! For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 each lane performs exactly the operations of chapter 6's
+//! `vec_dot_*` for its row, in the same order: an exact integer block sum, then the block's
+//! float expression, then `sumf +=`. `vpdpbusd` multiplies unsigned by signed bytes, so codes
+//! are kept unsigned (Q8_0's are shifted by 128 at packing time) and the offset is taken off in
+//! integers, `Σ(q - o)·y = Σq·y - o·Σy`, with `Σy` computed once per activation block. So these
+//! products are bit-identical to chapter 6's, for any number of tokens and threads.
+//!
+//! # K-quants
+//!
+//! Q4_K and Q6_K super-blocks (256 weights) sum their sub-blocks' integer products, each times
+//! its 6- or 8-bit scale, into one exact 32-bit total per row, and apply the float scale once.
+//! Chapter 6 (like ggml's generic code) instead keeps eight float partial sums per row, one per
+//! position modulo 8, and adds them at the end: the same value in exact arithmetic, rounded
+//! differently. These two kernels therefore agree with the scalar ones to float rounding, like
+//! the SIMD `vec_dot`s of [`crate::kernels`], not bit for bit.
+
+use crate::ch01::GgmlType;
+use crate::ch03::LoadError;
+use crate::kernels::TypeKernels;
+use crate::qmatrix::QMatrix;
+use crate::quants::search::get_scale_min_k4;
+
+/// Rows interleaved in a packed group: one AVX-512 register of 32-bit lanes.
+pub const GROUP: usize = 16;
+/// Most tokens one call of the micro-kernel computes: each unpacked weight register is used
+/// this many times. Two or three registers per token (float and integer accumulators) plus the
+/// weights and scales fit in the 32 vector registers at 8. The Q4_K kernel keeps four per
+/// token and takes at most [`TILE_K`] tokens per call.
+pub const TILE: usize = 8;
+/// Most tokens per call of the Q4_K kernel.
+pub const TILE_K: usize = 4;
+const QK: usize = 32;
+const QK_K: usize = 256;
+
+/// A 64-byte line, so packed groups start on a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Line(pub [u8; 64]);
+
+/// The weight types with a packed layout and micro-kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's names
+pub enum PackedType {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q6_K,
+}
+
+impl PackedType {
+    pub fn of(ty: GgmlType) -> Option<PackedType> {
+        Some(match ty {
+            GgmlType::Q4_0 => PackedType::Q4_0,
+            GgmlType::Q4_1 => PackedType::Q4_1,
+            GgmlType::Q5_0 => PackedType::Q5_0,
+            GgmlType::Q5_1 => PackedType::Q5_1,
+            GgmlType::Q8_0 => PackedType::Q8_0,
+            GgmlType::Q4_K => PackedType::Q4_K,
+            GgmlType::Q6_K => PackedType::Q6_K,
+            _ => return None,
+        })
+    }
+
+    /// Weights per block.
+    pub fn qk(self) -> usize {
+        if self.is_k() { QK_K } else { QK }
+    }
+
+    fn is_k(self) -> bool {
+        matches!(self, PackedType::Q4_K | PackedType::Q6_K)
+    }
+
+    /// Bytes of one block in the file.
+    fn block_bytes(self) -> usize {
+        match self {
+            PackedType::Q4_0 => 18,
+            PackedType::Q4_1 => 20,
+            PackedType::Q5_0 => 22,
+            PackedType::Q5_1 => 24,
+            PackedType::Q8_0 => 34,
+            PackedType::Q4_K => 144,
+            PackedType::Q6_K => 210,
+        }
+    }
+
+    /// Packed code bytes per legacy block of a group: 16 rows of 16 nibble bytes, or of 32.
+    fn qs_bytes(self) -> usize {
+        if self == PackedType::Q8_0 { 512 } else { 256 }
+    }
+
+    fn has_min(self) -> bool {
+        matches!(self, PackedType::Q4_1 | PackedType::Q5_1)
+    }
+
+    fn has_high_bit(self) -> bool {
+        matches!(self, PackedType::Q5_0 | PackedType::Q5_1)
+    }
+
+    /// What the stored (unsigned) code exceeds the signed code by: `Σ(q - o)·y = Σq·y - o·Σy`.
+    fn offset(self) -> i32 {
+        match self {
+            PackedType::Q4_0 => 8,
+            PackedType::Q5_0 => 16,
+            PackedType::Q8_0 => 128,
+            PackedType::Q6_K => 32,
+            PackedType::Q4_1 | PackedType::Q5_1 | PackedType::Q4_K => 0,
+        }
+    }
+
+    /// Byte offsets inside a legacy file block: (d, m, qh, qs).
+    fn fields(self) -> (usize, Option<usize>, Option<usize>, usize) {
+        match self {
+            PackedType::Q4_0 | PackedType::Q8_0 => (0, None, None, 2),
+            PackedType::Q4_1 => (0, Some(2), None, 4),
+            PackedType::Q5_0 => (0, None, Some(2), 6),
+            PackedType::Q5_1 => (0, Some(2), Some(4), 8),
+            PackedType::Q4_K | PackedType::Q6_K => unreachable!("k-quants have no legacy fields"),
+        }
+    }
+
+    /// Blocks per *unit*, the part of a group the kernels step through: two legacy blocks
+    /// (so every part is a whole number of 64-byte lines), or one super-block.
+    fn unit_blocks(self) -> usize {
+        if self.is_k() { 1 } else { 2 }
+    }
+}
+
+/// Where the parts of a unit are, in bytes from its start.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    qh: usize,    // legacy: 2 × 64 bytes of fifth-bit masks
+    d: usize,     // the rows' f16 scales (legacy: of both blocks)
+    m: usize,     // legacy mins, or Q4_K's dmin
+    sc: usize,    // k-quants: sub-block scales, one byte per row
+    mn: usize,    // Q4_K: sub-block mins, one byte per row
+    bytes: usize, // the whole unit
+}
+
+impl Layout {
+    fn of(ty: PackedType) -> Layout {
+        match ty {
+            PackedType::Q4_K => Layout {
+                qh: 0,
+                sc: 2048,
+                mn: 2176,
+                d: 2304,
+                m: 2336,
+                bytes: 2368,
+            },
+            PackedType::Q6_K => Layout {
+                qh: 0,
+                sc: 4096,
+                mn: 0,
+                d: 4352,
+                m: 0,
+                bytes: 4416,
+            },
+            _ => {
+                let qh = 2 * ty.qs_bytes();
+                let d = qh + if ty.has_high_bit() { 128 } else { 0 };
+                let m = d + 64;
+                let bytes = m + if ty.has_min() { 64 } else { 0 };
+                Layout {
+                    qh,
+                    d,
+                    m,
+                    sc: 0,
+                    mn: 0,
+                    bytes,
+                }
+            }
+        }
+    }
+}
+
+// ANCHOR: packed
+/// A quantized matrix with its rows interleaved in groups of [`GROUP`].
+///
+/// A group of 16 rows is one sequential stream of *units* (two legacy blocks, or one
+/// super-block), so the hardware prefetcher sees a single run of addresses per thread. A
+/// legacy unit holds:
+/// - `qs`: the codes of block 0, then of block 1. For 4- and 5-bit types, 4 chunks of 64 bytes;
+///   chunk `c` holds bytes `4c..4c+4` of each row's 16 nibble bytes, row after row. Their low
+///   nibbles are weights `4c..4c+4` of the block and their high nibbles weights `16+4c..20+4c`,
+///   so one load and two masks give two registers of 16 rows × 4 weights. For Q8_0, 8 chunks
+///   of 16 rows × 4 codes, each code plus 128 so that it is unsigned.
+/// - `qh` (5-bit types), per block: for each 4-weight group `j`, a 64-bit mask whose bit
+///   `4r + i` is the fifth bit of weight `4j + i` of row `r`.
+/// - `d`, then `m` (types with a min): the 16 rows' scales (and mins) of the two blocks, as the
+///   file's f16.
+///
+/// A Q4_K unit holds the nibble bytes in the same 16 rows × 4 bytes chunks (32 of them), then
+/// the unpacked 6-bit sub-block scales and mins (one byte per row and sub-block), then `d` and
+/// `dmin`. A Q6_K unit holds its 6-bit codes one per byte, in chunks of 16 rows × 4 codes (22%
+/// more bytes than the file's 4 + 2 bits, but no unpacking: measured faster for prompts, and
+/// these matrices are a tenth of a Q4_K_M file), then the sub-block scales and `d`.
+///
+/// Every part is a whole number of 64-byte lines, so every load is aligned. A last group with
+/// fewer than 16 rows is padded with zero rows, a last legacy unit with a zero block.
+pub struct PackedMatrix {
+    pub ty: PackedType,
+    pub rows: usize,
+    pub cols: usize,
+    pub nb: usize,     // blocks per row
+    pub groups: usize, // rows.div_ceil(GROUP)
+    layout: Layout,
+    group_bytes: usize,
+    data: Vec<Line>, // (groups, group_bytes / 64)
+}
+// ANCHOR_END: packed
+
+/// True when this CPU can run the micro-kernels.
+pub fn vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where the four bytes `i` of 4-byte chunk `c` of row `lane` go in a chunked part.
+fn chunk_at(c: usize, lane: usize, i: usize) -> usize {
+    64 * c + 4 * lane + i
+}
+
+/// The inverse of [`get_scale_min_k4`]: 8 scales and 8 mins of 6 bits into 12 bytes. Every
+/// bit of the 12 bytes holds one bit of the 16 values, so this round-trips any bytes.
+fn pack_scale_min_k4(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
+    let mut q = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            q[j] |= sc[j] & 63;
+            q[j + 4] |= mn[j] & 63;
+        } else {
+            q[j + 4] = (sc[j] & 0xF) | ((mn[j] & 0xF) << 4);
+            q[j - 4] |= (sc[j] >> 4) << 6;
+            q[j] |= (mn[j] >> 4) << 6;
+        }
+    }
+    q
+}
+
+impl PackedMatrix {
+    /// Interleave the rows of `q`, or `None` when its type has no packed layout or this CPU
+    /// cannot run the micro-kernels.
+    pub fn pack<S: AsRef<[u8]>>(q: &QMatrix<S>) -> Option<PackedMatrix> {
+        let ty = PackedType::of(q.ty)?;
+        if !vnni_available() || !q.cols.is_multiple_of(ty.qk()) {
+            return None;
+        }
+        Some(PackedMatrix::pack_as(ty, q.rows, q.cols, q.data.as_ref()))
+    }
+
+    fn pack_as(ty: PackedType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix {
+        let nb = cols / ty.qk();
+        let groups = rows.div_ceil(GROUP);
+        let layout = Layout::of(ty);
+        let group_bytes = nb.div_ceil(ty.unit_blocks()) * layout.bytes;
+        let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
+        let out = lines_mut(&mut data);
+        let bb = ty.block_bytes();
+        for r in 0..rows {
+            let (g, lane) = (r / GROUP, r % GROUP);
+            let grp = &mut out[g * group_bytes..(g + 1) * group_bytes];
+            for b in 0..nb {
+                let blk = &bytes[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                let unit = &mut grp[b / ty.unit_blocks() * layout.bytes..][..layout.bytes];
+                match ty {
+                    PackedType::Q4_K => pack_q4_k(blk, unit, &layout, lane),
+                    PackedType::Q6_K => pack_q6_k(blk, unit, &layout, lane),
+                    _ => pack_legacy(ty, blk, unit, &layout, lane, b % 2),
+                }
+            }
+        }
+        PackedMatrix {
+            ty,
+            rows,
+            cols,
+            nb,
+            groups,
+            layout,
+            group_bytes,
+            data,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 64
+    }
+
+    /// Row `r` in the file's block format again (the inverse of packing).
+    pub fn row_blocks(&self, r: usize, out: &mut [u8]) {
+        let ty = self.ty;
+        let bb = ty.block_bytes();
+        assert_eq!(out.len(), self.nb * bb, "row_blocks: output length");
+        let (g, lane) = (r / GROUP, r % GROUP);
+        let grp = &lines(&self.data)[g * self.group_bytes..][..self.group_bytes];
+        let l = &self.layout;
+        for b in 0..self.nb {
+            let blk = &mut out[b * bb..(b + 1) * bb];
+            let unit = &grp[b / ty.unit_blocks() * l.bytes..][..l.bytes];
+            match ty {
+                PackedType::Q4_K => unpack_q4_k(unit, blk, l, lane),
+                PackedType::Q6_K => unpack_q6_k(unit, blk, l, lane),
+                _ => unpack_legacy(ty, unit, blk, l, lane, b % 2),
+            }
+        }
+    }
+
+    fn group_ptr(&self, g: usize) -> *const u8 {
+        debug_assert!(g < self.groups);
+        // SAFETY: in bounds, g < groups.
+        unsafe { (self.data.as_ptr() as *const u8).add(g * self.group_bytes) }
+    }
+}
+
+fn pack_legacy(ty: PackedType, blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize, h: usize) {
+    let (fd, fm, fqh, fqs) = ty.fields();
+    let d = 32 * h + 2 * lane;
+    unit[l.d + d..l.d + d + 2].copy_from_slice(&blk[fd..fd + 2]);
+    if let Some(fm) = fm {
+        unit[l.m + d..l.m + d + 2].copy_from_slice(&blk[fm..fm + 2]);
+    }
+    let qs = &mut unit[h * ty.qs_bytes()..(h + 1) * ty.qs_bytes()];
+    for c in 0..ty.qs_bytes() / 64 {
+        for i in 0..4 {
+            let v = blk[fqs + 4 * c + i];
+            qs[chunk_at(c, lane, i)] = if ty == PackedType::Q8_0 { v ^ 0x80 } else { v };
+        }
+    }
+    if let Some(fqh) = fqh {
+        let qh = u32::from_le_bytes(blk[fqh..fqh + 4].try_into().unwrap());
+        for j in 0..8 {
+            let at = l.qh + 64 * h + 8 * j;
+            let mut mask = u64::from_le_bytes(unit[at..at + 8].try_into().unwrap());
+            for i in 0..4 {
+                mask |= (((qh >> (4 * j + i)) & 1) as u64) << (4 * lane + i);
+            }
+            unit[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+        }
+    }
+}
+
+fn unpack_legacy(ty: PackedType, unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize, h: usize) {
+    let (fd, fm, fqh, fqs) = ty.fields();
+    let d = 32 * h + 2 * lane;
+    blk[fd..fd + 2].copy_from_slice(&unit[l.d + d..l.d + d + 2]);
+    if let Some(fm) = fm {
+        blk[fm..fm + 2].copy_from_slice(&unit[l.m + d..l.m + d + 2]);
+    }
+    let qs = &unit[h * ty.qs_bytes()..];
+    for c in 0..ty.qs_bytes() / 64 {
+        for i in 0..4 {
+            let v = qs[chunk_at(c, lane, i)];
+            blk[fqs + 4 * c + i] = if ty == PackedType::Q8_0 { v ^ 0x80 } else { v };
+        }
+    }
+    if let Some(fqh) = fqh {
+        let mut qh = 0u32;
+        for j in 0..8 {
+            let at = l.qh + 64 * h + 8 * j;
+            let mask = u64::from_le_bytes(unit[at..at + 8].try_into().unwrap());
+            for i in 0..4 {
+                qh |= (((mask >> (4 * lane + i)) & 1) as u32) << (4 * j + i);
+            }
+        }
+        blk[fqh..fqh + 4].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+// BlockQ4_K: d (2), dmin (2), scales (12), qs (128). Nibble byte `32j + l` holds weight
+// `64j + l` (low) and `64j + 32 + l` (high): chunk `8j + c` is bytes `32j + 4c..`.
+fn pack_q4_k(blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize) {
+    unit[l.d + 2 * lane..][..2].copy_from_slice(&blk[0..2]);
+    unit[l.m + 2 * lane..][..2].copy_from_slice(&blk[2..4]);
+    let scales: &[u8; 12] = blk[4..16].try_into().unwrap();
+    for s in 0..8 {
+        let (sc, mn) = get_scale_min_k4(s, scales);
+        unit[l.sc + 16 * s + lane] = sc;
+        unit[l.mn + 16 * s + lane] = mn;
+    }
+    for c in 0..32 {
+        for i in 0..4 {
+            unit[chunk_at(c, lane, i)] = blk[16 + 4 * c + i];
+        }
+    }
+}
+
+fn unpack_q4_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
+    blk[0..2].copy_from_slice(&unit[l.d + 2 * lane..][..2]);
+    blk[2..4].copy_from_slice(&unit[l.m + 2 * lane..][..2]);
+    let sc: [u8; 8] = std::array::from_fn(|s| unit[l.sc + 16 * s + lane]);
+    let mn: [u8; 8] = std::array::from_fn(|s| unit[l.mn + 16 * s + lane]);
+    blk[4..16].copy_from_slice(&pack_scale_min_k4(&sc, &mn));
+    for c in 0..32 {
+        for i in 0..4 {
+            blk[16 + 4 * c + i] = unit[chunk_at(c, lane, i)];
+        }
+    }
+}
+
+// BlockQ6_K: ql (128), qh (64), scales (16, i8), d (2). Weight `128h + 32k + l` (k < 4,
+// l < 32) has its low four bits in nibble `k / 2` of `ql[64h + 32(k % 2) + l]` and its high two
+// bits at bit `2k` of `qh[32h + l]`. Packed: code of weight `e` (unsigned, 0..64) at chunk
+// `e / 4`, byte `e % 4`.
+fn q6_k_code(blk: &[u8], e: usize) -> u8 {
+    let (h, k, l) = (e / 128, e % 128 / 32, e % 32);
+    let lo = (blk[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xF;
+    let hi = (blk[128 + 32 * h + l] >> (2 * k)) & 3;
+    lo | (hi << 4)
+}
+
+fn pack_q6_k(blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize) {
+    for e in 0..QK_K {
+        unit[chunk_at(e / 4, lane, e % 4)] = q6_k_code(blk, e);
+    }
+    for s in 0..16 {
+        unit[l.sc + 16 * s + lane] = blk[192 + s];
+    }
+    unit[l.d + 2 * lane..][..2].copy_from_slice(&blk[208..210]);
+}
+
+fn unpack_q6_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
+    blk[..192].fill(0);
+    for e in 0..QK_K {
+        let code = unit[chunk_at(e / 4, lane, e % 4)];
+        let (h, k, i) = (e / 128, e % 128 / 32, e % 32);
+        blk[64 * h + 32 * (k % 2) + i] |= (code & 0xF) << (4 * (k / 2));
+        blk[128 + 32 * h + i] |= (code >> 4) << (2 * k);
+    }
+    for s in 0..16 {
+        blk[192 + s] = unit[l.sc + 16 * s + lane];
+    }
+    blk[208..210].copy_from_slice(&unit[l.d + 2 * lane..][..2]);
+}
+
+fn lines_mut(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: `Line` is 64 plain bytes with no padding.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) }
+}
+
+fn lines(lines: &[Line]) -> &[u8] {
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
+}
+
+// ANCHOR: panels
+/// Activations quantized for a packed product, in the order the micro-kernel reads them.
+///
+/// Tokens are taken in tiles of [`TILE`] (the last tile may be shorter). Within a tile, for
+/// every block `b`, the codes of each token follow each other: `qs[tile][b][t][qk]`. The
+/// per-block numbers the kernel needs are unpacked once here, in the same order: the scale `d`
+/// as f32, Q8_1's `s`, and the sums of the codes — of the whole block for 32-weight blocks, of
+/// each 16 codes (Q8_K's `bsums`) for super-blocks.
+pub struct ActPanels {
+    pub n: usize,   // tokens
+    pub nb: usize,  // blocks per token
+    qk: usize,      // codes per block
+    qs: Vec<u8>,    // (n, nb, qk) in tile order
+    d: Vec<f32>,    // (n, nb) in tile order
+    s: Vec<f32>,    // (n, nb) in tile order, Q8_1 only
+    sums: Vec<i32>, // (n, nb, qk / 16 or 1) in tile order
+    row: Vec<u8>,   // one token's blocks, as the quantizer writes them
+}
+// ANCHOR_END: panels
+
+impl ActPanels {
+    pub fn new() -> ActPanels {
+        ActPanels {
+            n: 0,
+            nb: 0,
+            qk: QK,
+            qs: Vec::new(),
+            d: Vec::new(),
+            s: Vec::new(),
+            sums: Vec::new(),
+            row: Vec::new(),
+        }
+    }
+
+    fn n_sums(qk: usize) -> usize {
+        if qk == QK_K { 16 } else { 1 }
+    }
+
+    /// Make room for `n` tokens of `cols` values in blocks of `qk`.
+    pub fn resize(&mut self, n: usize, cols: usize, qk: usize) {
+        self.n = n;
+        self.qk = qk;
+        self.nb = cols / qk;
+        let nb = self.nb;
+        self.qs.resize(n * nb * qk, 0);
+        self.d.resize(n * nb, 0.0);
+        self.s.resize(n * nb, 0.0);
+        self.sums.resize(n * nb * Self::n_sums(qk), 0);
+    }
+
+    /// The pointers of the tile that starts at token `t0`.
+    fn tile(&self, t0: usize) -> Tile {
+        let o = t0 * self.nb;
+        // SAFETY: t0 < n, so the offsets are in bounds.
+        unsafe {
+            Tile {
+                qs: self.qs.as_ptr().add(o * self.qk),
+                d: self.d.as_ptr().add(o),
+                s: self.s.as_ptr().add(o),
+                sums: self.sums.as_ptr().add(o * Self::n_sums(self.qk)),
+                stride: (self.n - t0).min(TILE),
+            }
+        }
+    }
+}
+
+impl Default for ActPanels {
+    fn default() -> Self {
+        ActPanels::new()
+    }
+}
+
+/// A tile of activations: `stride` tokens, block-major (see [`ActPanels`]).
+#[derive(Clone, Copy)]
+struct Tile {
+    qs: *const u8,
+    d: *const f32,
+    s: *const f32,
+    sums: *const i32,
+    stride: usize,
+}
+
+/// Raw parts of an [`ActPanels`] that threads fill in for disjoint tokens.
+#[derive(Clone, Copy)]
+pub struct PanelWriter {
+    qs: *mut u8,
+    d: *mut f32,
+    s: *mut f32,
+    sums: *mut i32,
+    n: usize,
+    nb: usize,
+    qk: usize,
+}
+
+// SAFETY: threads write disjoint tokens (see `quantize_token`).
+unsafe impl Send for PanelWriter {}
+unsafe impl Sync for PanelWriter {}
+
+impl ActPanels {
+    pub fn writer(&mut self) -> PanelWriter {
+        PanelWriter {
+            qs: self.qs.as_mut_ptr(),
+            d: self.d.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+            sums: self.sums.as_mut_ptr(),
+            n: self.n,
+            nb: self.nb,
+            qk: self.qk,
+        }
+    }
+
+    /// Quantize token rows `x` (`(n, cols)`) with `k.quantize_act` into the panels, on this
+    /// thread.
+    pub fn fill(&mut self, k: &TypeKernels, x: &[f32], cols: usize) {
+        let n = x.len() / cols;
+        self.resize(n, cols, block_size(k.act_ty));
+        let w = self.writer();
+        let mut row = std::mem::take(&mut self.row);
+        for t in 0..n {
+            // SAFETY: one thread, every token once.
+            unsafe { w.quantize_token(k, &x[t * cols..(t + 1) * cols], t, &mut row) };
+        }
+        self.row = row;
+    }
+}
+
+/// Weights per block of an activation type.
+pub fn block_size(act_ty: GgmlType) -> usize {
+    if act_ty == GgmlType::Q8_K { QK_K } else { QK }
+}
+
+impl PanelWriter {
+    /// Quantize token `t`'s activations `x` into the panels; `row` is scratch space.
+    ///
+    /// # Safety
+    /// No other thread may write token `t` at the same time, and the panels must outlive the
+    /// call and not be resized meanwhile.
+    pub unsafe fn quantize_token(&self, k: &TypeKernels, x: &[f32], t: usize, row: &mut Vec<u8>) {
+        // Byte layouts of BlockQ8_0 (d, qs), BlockQ8_1 (d, s, qs) and BlockQ8_K (d: f32, qs,
+        // bsums: i16).
+        let (bs, qs_at) = match k.act_ty {
+            GgmlType::Q8_1 => (36, 4),
+            GgmlType::Q8_K => (292, 4),
+            _ => (34, 2),
+        };
+        row.resize(self.nb * bs, 0);
+        (k.quantize_act)(x, row);
+        let (tile, i) = (t / TILE, t % TILE);
+        let nt = (self.n - tile * TILE).min(TILE);
+        let n_sums = ActPanels::n_sums(self.qk);
+        for b in 0..self.nb {
+            let blk = &row[b * bs..(b + 1) * bs];
+            let at = tile * TILE * self.nb + b * nt + i;
+            let qs = &blk[qs_at..qs_at + self.qk];
+            let f16 = |o: usize| half::f16::from_bits(u16::from_le_bytes([blk[o], blk[o + 1]]));
+            // SAFETY: `at` < n * nb; token t's slots are written by this thread only.
+            unsafe {
+                std::ptr::copy_nonoverlapping(qs.as_ptr(), self.qs.add(at * self.qk), self.qk);
+                let sums = self.sums.add(at * n_sums);
+                match k.act_ty {
+                    GgmlType::Q8_K => {
+                        *self.d.add(at) = f32::from_le_bytes(blk[0..4].try_into().unwrap());
+                        for j in 0..16 {
+                            let o = 260 + 2 * j;
+                            *sums.add(j) = i16::from_le_bytes([blk[o], blk[o + 1]]) as i32;
+                        }
+                    }
+                    _ => {
+                        *self.d.add(at) = f16(0).to_f32();
+                        if k.act_ty == GgmlType::Q8_1 {
+                            *self.s.add(at) = f16(2).to_f32();
+                        }
+                        *sums = qs.iter().map(|&q| q as i8 as i32).sum();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where a tile's results go: `out[t * ld + row]`.
+#[derive(Clone, Copy)]
+pub struct OutPtr(pub *mut f32);
+// SAFETY: threads write disjoint rows.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl PackedMatrix {
+    /// Rows `groups` (in units of [`GROUP`]) of `out = x Wᵀ` for every token of `acts`:
+    /// `out` is `(acts.n, rows)`.
+    ///
+    /// # Safety
+    /// `out` must point to `acts.n * rows` floats, and no other thread may write these rows.
+    pub unsafe fn gemm_groups(
+        &self,
+        acts: &ActPanels,
+        groups: std::ops::Range<usize>,
+        out: OutPtr,
+    ) {
+        assert!(
+            acts.nb == self.nb && acts.qk == self.ty.qk(),
+            "activations have {} blocks of {}, rows {} of {}",
+            acts.nb,
+            acts.qk,
+            self.nb,
+            self.ty.qk()
+        );
+        assert!(groups.end <= self.groups);
+        #[cfg(target_arch = "x86_64")]
+        for g in groups {
+            let valid = (self.rows - g * GROUP).min(GROUP);
+            for t0 in (0..acts.n).step_by(TILE) {
+                let tile = acts.tile(t0);
+                // SAFETY: packed matrices exist only where the kernels can run (`pack`), and
+                // the caller guarantees `out`.
+                unsafe {
+                    let dst = out.0.add(t0 * self.rows + g * GROUP);
+                    avx512::tile(self, g, &tile, dst, valid);
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (acts, groups, out);
+            unreachable!("packed matrices are only built on x86_64");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// One tile: `a.stride` tokens × the 16 rows of group `g`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW and VNNI; `dst` points to `a.stride` rows of `m.rows` floats.
+    pub(super) unsafe fn tile(m: &PackedMatrix, g: usize, a: &Tile, dst: *mut f32, valid: usize) {
+        macro_rules! by_n {
+            ($kernel:ident, $ty:expr, $t0:expr, $n:expr) => {
+                match $n {
+                    1 => $kernel::<$ty, 1>(m, g, a, $t0, dst, valid),
+                    2 => $kernel::<$ty, 2>(m, g, a, $t0, dst, valid),
+                    3 => $kernel::<$ty, 3>(m, g, a, $t0, dst, valid),
+                    4 => $kernel::<$ty, 4>(m, g, a, $t0, dst, valid),
+                    5 => $kernel::<$ty, 5>(m, g, a, $t0, dst, valid),
+                    6 => $kernel::<$ty, 6>(m, g, a, $t0, dst, valid),
+                    7 => $kernel::<$ty, 7>(m, g, a, $t0, dst, valid),
+                    _ => $kernel::<$ty, 8>(m, g, a, $t0, dst, valid),
+                }
+            };
+        }
+        let n = a.stride;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match m.ty {
+                PackedType::Q4_0 => by_n!(legacy, 0, 0, n),
+                PackedType::Q4_1 => by_n!(legacy, 1, 0, n),
+                PackedType::Q5_0 => by_n!(legacy, 2, 0, n),
+                PackedType::Q5_1 => by_n!(legacy, 3, 0, n),
+                PackedType::Q8_0 => by_n!(legacy, 4, 0, n),
+                PackedType::Q6_K => match n {
+                    1 => q6_k::<1>(m, g, a, 0, dst, valid),
+                    2 => q6_k::<2>(m, g, a, 0, dst, valid),
+                    3 => q6_k::<3>(m, g, a, 0, dst, valid),
+                    4 => q6_k::<4>(m, g, a, 0, dst, valid),
+                    5 => q6_k::<5>(m, g, a, 0, dst, valid),
+                    6 => q6_k::<6>(m, g, a, 0, dst, valid),
+                    7 => q6_k::<7>(m, g, a, 0, dst, valid),
+                    _ => q6_k::<8>(m, g, a, 0, dst, valid),
+                },
+                PackedType::Q4_K => {
+                    // At most TILE_K tokens per call: this kernel keeps four accumulators per
+                    // token.
+                    for t0 in (0..n).step_by(TILE_K) {
+                        match (n - t0).min(TILE_K) {
+                            1 => q4_k::<1>(m, g, a, t0, dst, valid),
+                            2 => q4_k::<2>(m, g, a, t0, dst, valid),
+                            3 => q4_k::<3>(m, g, a, t0, dst, valid),
+                            _ => q4_k::<4>(m, g, a, t0, dst, valid),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Four activation bytes at `p`, in every lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bcast(p: *const u8) -> __m512i {
+        // SAFETY: the caller's pointer has 4 readable bytes.
+        _mm512_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
+    }
+
+    /// Store the 16 rows (the first `valid` of them) of token `t`'s results.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store(dst: *mut f32, ld: usize, t: usize, valid: usize, acc: __m512) {
+        let mask: __mmask16 = if valid >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << valid) - 1
+        };
+        // SAFETY: row `t` of the output has room for this group's `valid` rows.
+        unsafe { _mm512_mask_storeu_ps(dst.add(t * ld), mask, acc) };
+    }
+
+    // ANCHOR: kernel
+    /// The micro-kernel for 32-weight blocks: 16 rows × `N` tokens, every block of the row.
+    /// `T` is the packed type (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0), a constant so that
+    /// each type gets its own code.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn legacy<const T: u8, const N: usize>(
+        m: &PackedMatrix,
+        g: usize,
+        a: &Tile,
+        t0: usize,
+        dst: *mut f32,
+        valid: usize,
+    ) {
+        let (q8, min, high) = (T == 4, T == 1 || T == 3, T == 2 || T == 3);
+        let (l, offset, grp, nt) = (&m.layout, m.ty.offset(), m.group_ptr(g), a.stride);
+        let low4 = _mm512_set1_epi8(0x0F);
+        let bit4 = _mm512_set1_epi8(0x10);
+        let mut acc = [_mm512_setzero_ps(); N]; // (N, 16 rows): sumf of each row and token
+        for b in 0..m.nb {
+            // SAFETY (whole loop): offsets stay inside the group and the tile (`b < nb`,
+            // `t0 + t < stride`), laid out as `PackedMatrix` and `ActPanels` describe.
+            unsafe {
+                let (unit, h) = (grp.add(b / 2 * l.bytes), b % 2);
+                let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK + k);
+                // Σ q·y of each row and token. With one or two tokens, a single chain of
+                // eight dependent `vpdpbusd`s per block would bound the speed by their
+                // latency, so the block is summed in two halves.
+                let mut isum = [_mm512_setzero_si512(); N];
+                let mut isum2 = [_mm512_setzero_si512(); N];
+                let split = N <= 2;
+                if q8 {
+                    let qs = unit.add(h * 512);
+                    for c in 0..8 {
+                        let w = _mm512_load_si512(qs.add(64 * c) as *const _);
+                        for t in 0..N {
+                            if split && c % 2 == 1 {
+                                isum2[t] = _mm512_dpbusd_epi32(isum2[t], w, bcast(y(t, 4 * c)));
+                            } else {
+                                isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast(y(t, 4 * c)));
+                            }
+                        }
+                    }
+                } else {
+                    let qs = unit.add(h * 256);
+                    let masks = unit.add(l.qh + 64 * h) as *const u64;
+                    for c in 0..4 {
+                        let raw = _mm512_load_si512(qs.add(64 * c) as *const _);
+                        let mut lo = _mm512_and_si512(raw, low4); // weights 4c..4c+4
+                        let mut hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); // +16
+                        if high {
+                            lo = _mm512_mask_add_epi8(lo, masks.add(c).read(), lo, bit4);
+                            hi = _mm512_mask_add_epi8(hi, masks.add(c + 4).read(), hi, bit4);
+                        }
+                        for t in 0..N {
+                            isum[t] = _mm512_dpbusd_epi32(isum[t], lo, bcast(y(t, 4 * c)));
+                            let hy = bcast(y(t, 16 + 4 * c));
+                            if split {
+                                isum2[t] = _mm512_dpbusd_epi32(isum2[t], hi, hy);
+                            } else {
+                                isum[t] = _mm512_dpbusd_epi32(isum[t], hi, hy);
+                            }
+                        }
+                    }
+                }
+                let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d + 32 * h) as *const _));
+                let mx = if min {
+                    _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.m + 32 * h) as *const _))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for t in 0..N {
+                    let at = b * nt + t0 + t; // this block's scalars of token t
+                    let dy = _mm512_set1_ps(*a.d.add(at));
+                    let mut sumi = isum[t];
+                    if split {
+                        sumi = _mm512_add_epi32(sumi, isum2[t]);
+                    }
+                    if offset != 0 {
+                        sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(offset * *a.sums.add(at)));
+                    }
+                    let sumi = _mm512_cvtepi32_ps(sumi);
+                    // Each row's block term, in the order of chapter 6's scalar kernels.
+                    let term = match T {
+                        0 => _mm512_mul_ps(_mm512_mul_ps(sumi, dx), dy), // sumi * dx * dy
+                        1 | 3 => _mm512_add_ps(
+                            _mm512_mul_ps(_mm512_mul_ps(dx, dy), sumi), // (dx*dy)*sumi
+                            _mm512_mul_ps(mx, _mm512_set1_ps(*a.s.add(at))), // + m*s
+                        ),
+                        2 => _mm512_mul_ps(_mm512_mul_ps(dx, dy), sumi), // (dx*dy)*sumi
+                        _ => _mm512_mul_ps(sumi, _mm512_mul_ps(dx, dy)), // sumi*(dx*dy)
+                    };
+                    acc[t] = _mm512_add_ps(acc[t], term);
+                }
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
+        }
+    }
+    // ANCHOR_END: kernel
+
+    /// Q4_K: per super-block and row, `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy`, the two
+    /// sums over the 8 sub-blocks exact in 32-bit integers.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn q4_k<const N: usize>(
+        m: &PackedMatrix,
+        g: usize,
+        a: &Tile,
+        t0: usize,
+        dst: *mut f32,
+        valid: usize,
+    ) {
+        let (l, grp, nt) = (&m.layout, m.group_ptr(g), a.stride);
+        let low4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); N];
+        for b in 0..m.nb {
+            // SAFETY: as in `legacy`.
+            unsafe {
+                let unit = grp.add(b * l.bytes);
+                let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
+                let mut total = [_mm512_setzero_si512(); N]; // Σ_s sc_s · Σ q·y
+                let mut mins = [_mm512_setzero_si512(); N]; // Σ_s mn_s · Σy
+                for s in 0..8 {
+                    // Sub-block s: the low (s even) or high (s odd) nibbles of chunks
+                    // 8(s/2)..8(s/2)+8; weights 32s + 4c..
+                    let mut isum = [_mm512_setzero_si512(); N];
+                    for c in 0..8 {
+                        let raw = _mm512_load_si512(unit.add(64 * (8 * (s / 2) + c)) as *const _);
+                        let w = if s % 2 == 0 {
+                            _mm512_and_si512(raw, low4)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)
+                        };
+                        for (t, isum) in isum.iter_mut().enumerate() {
+                            *isum = _mm512_dpbusd_epi32(*isum, w, bcast(y(t, 32 * s + 4 * c)));
+                        }
+                    }
+                    let sc =
+                        _mm512_cvtepu8_epi32(_mm_load_si128(unit.add(l.sc + 16 * s) as *const _));
+                    let mn =
+                        _mm512_cvtepu8_epi32(_mm_load_si128(unit.add(l.mn + 16 * s) as *const _));
+                    for t in 0..N {
+                        total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(isum[t], sc));
+                        let sums = a.sums.add((b * nt + t0 + t) * 16 + 2 * s);
+                        let ys = _mm512_set1_epi32(*sums + *sums.add(1));
+                        mins[t] = _mm512_add_epi32(mins[t], _mm512_mullo_epi32(mn, ys));
+                    }
+                }
+                let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d) as *const _));
+                let dmin = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.m) as *const _));
+                for t in 0..N {
+                    let dy = _mm512_set1_ps(*a.d.add(b * nt + t0 + t));
+                    let plus = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(total[t]));
+                    let minus = _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(mins[t]));
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(plus, minus));
+                }
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
+        }
+    }
+
+    /// Q6_K: per super-block and row, `d·dy·Σ_s sc_s·Σ (q − 32)·y` over 16 sub-blocks of 16,
+    /// the sum exact in 32-bit integers.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn q6_k<const N: usize>(
+        m: &PackedMatrix,
+        g: usize,
+        a: &Tile,
+        t0: usize,
+        dst: *mut f32,
+        valid: usize,
+    ) {
+        let (l, grp, nt) = (&m.layout, m.group_ptr(g), a.stride);
+        let mut acc = [_mm512_setzero_ps(); N];
+        for b in 0..m.nb {
+            // SAFETY: as in `legacy`.
+            unsafe {
+                let unit = grp.add(b * l.bytes);
+                let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
+                let mut total = [_mm512_setzero_si512(); N];
+                for s in 0..16 {
+                    let mut isum = [_mm512_setzero_si512(); N];
+                    for c in 4 * s..4 * s + 4 {
+                        let w = _mm512_load_si512(unit.add(64 * c) as *const _);
+                        for (t, isum) in isum.iter_mut().enumerate() {
+                            *isum = _mm512_dpbusd_epi32(*isum, w, bcast(y(t, 4 * c)));
+                        }
+                    }
+                    let sc = _mm_load_si128(unit.add(l.sc + 16 * s) as *const _);
+                    let sc = _mm512_cvtepi8_epi32(sc);
+                    for t in 0..N {
+                        let ys = *a.sums.add((b * nt + t0 + t) * 16 + s);
+                        let q = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(32 * ys));
+                        total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(q, sc));
+                    }
+                }
+                let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d) as *const _));
+                for t in 0..N {
+                    let dy = _mm512_set1_ps(*a.d.add(b * nt + t0 + t));
+                    let term = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(total[t]));
+                    acc[t] = _mm512_add_ps(acc[t], term);
+                }
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
+        }
+    }
+}
+
+/// A packed matrix made from a checked `QMatrix`; errors name the tensor.
+pub fn pack_checked<S: AsRef<[u8]>>(
+    name: &str,
+    q: &QMatrix<S>,
+) -> Result<Option<PackedMatrix>, LoadError> {
+    if let Some(ty) = PackedType::of(q.ty)
+        && !q.cols.is_multiple_of(ty.qk())
+    {
+        return Err(LoadError::Other(format!(
+            "tensor {name:?}: {} columns are not a whole number of {} blocks",
+            q.cols,
+            q.ty.name()
+        )));
+    }
+    Ok(PackedMatrix::pack(q))
+}

@@ -1,0 +1,30 @@
+//! Chapter 8: SIMD kernels and threads — the same engine, fast.
+//!
+//! Nothing that is computed changes: the forward pass of chapters 4 and 5, chapter 6's
+//! quantized weights and its activation quantizers (byte for byte). What this chapter adds is
+//! how the matrix products run:
+//! - [`kernels`]: the kernel set chosen at run time (scalar, AVX2, AVX-512, AVX-512 VNNI, NEON):
+//!   for every weight type, an activation quantizer and a dot product;
+//! - [`simd`]: those SIMD kernels, one module per architecture, tested against chapter 6's;
+//! - [`gemm`]: rows interleaved in groups of 16 at load time, and micro-kernels that multiply
+//!   16 rows by up to 8 tokens with AVX-512 VNNI, loading each weight once per product;
+//! - [`pool`]: a persistent spin-then-sleep thread pool for products of a few microseconds, and
+//!   rayon behind the same [`Parallel`] trait for comparison;
+//! - [`matrix`]: [`FastMatrix`], chapter 3's `Matrix` on all of the above, and [`FastLoader`],
+//!   the `MatrixLoader` that makes one from each tensor.
+//!
+//! Left for later: attention and the other per-token work of the forward pass still run on
+//! one thread with chapter 3's scalar code; weights are copied out of the file instead of mapped
+//! (chapter 10).
+
+pub mod gemm;
+pub mod kernels;
+pub mod matrix;
+pub mod pool;
+pub mod simd;
+
+pub use matrix::{FastLoader, FastMatrix};
+pub use pool::{Parallel, PoolKind, RayonPool, SpinPool, new_pool};
+
+/// Everything earlier chapters offer, so `ch08` reads as "the engine as of chapter 8".
+pub use ch07::{self, *};

@@ -1,0 +1,310 @@
+//! The fast matrix: chapter 6's quantized rows, products split across threads, SIMD kernels,
+//! and a packed layout with a tiled micro-kernel where there is one.
+//!
+//! [`FastMatrix`] implements chapter 3's `Matrix` trait, so the model and its forward pass do
+//! not change: [`FastLoader`] makes one from each tensor, as chapter 6's `QuantLoader` made a
+//! `QMatrix`. A product `out = x Wᵀ`
+//! 1. quantizes the activation rows once, into the weight type's `vec_dot_type`, with the
+//!    kernel set's `quantize_act` (tokens split across threads when there are several);
+//! 2. splits the weight rows into tasks that the pool's threads take in turn; each task
+//!    computes its rows for every token, so each weight row is read from memory once per
+//!    product, whatever the number of tokens.
+//!
+//! Rows are stored in one of two ways. [`Store::Packed`]: 16 rows interleaved for the
+//! micro-kernels of [`crate::gemm`] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, on CPUs with
+//! AVX-512 VNNI).
+//! [`Store::Rows`]: the file's own rows, kept in any `S: AsRef<[u8]>` (a memory map in chapter
+//! 10), multiplied with the kernel set's `vec_dot` one row and one token at a time, tokens in
+//! tiles so a weight row is used for several tokens while it is in L1.
+
+use crate::ch01::{GgmlType, Gguf, TensorInfo};
+use crate::ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
+use crate::gemm::{ActPanels, GROUP, OutPtr, PackedMatrix, block_size, pack_checked};
+use crate::kernels::{KernelSet, TypeKernels};
+use crate::pool::Parallel;
+use crate::qmatrix::QMatrix;
+use crate::quants::type_traits;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Tasks per thread a product is cut into. More than one, so a thread that was descheduled
+/// for a moment (the machine is shared) leaves its remaining tasks to the others.
+const TASKS_PER_THREAD: usize = 4;
+/// Tokens whose activation rows one thread quantizes in one task.
+const QUANT_CHUNK: usize = 8;
+/// Tokens the row-at-a-time path computes per weight row while the row is in L1.
+const ROW_TILE: usize = 16;
+
+/// How a [`FastMatrix`] keeps its weights.
+pub enum Store<S> {
+    /// The file's rows of blocks.
+    Rows(QMatrix<S>),
+    /// Interleaved rows for the micro-kernel (a copy: the file's bytes are not kept).
+    Packed(PackedMatrix),
+}
+
+// ANCHOR: fast_matrix
+/// A quantized weight matrix whose products run on a kernel set and a thread pool.
+pub struct FastMatrix<S = Vec<u8>> {
+    pub store: Store<S>,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub kernels: TypeKernels,
+    pub pool: Arc<dyn Parallel>,
+}
+// ANCHOR_END: fast_matrix
+
+/// Where threads write their own, disjoint parts of a buffer.
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: used only for writes to disjoint indices from different threads.
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    /// The pointer. (A method, so that a closure captures the whole `Sync` wrapper rather
+    /// than its raw-pointer field.)
+    fn ptr(&self) -> *mut T {
+        self.0
+    }
+}
+
+thread_local! {
+    /// Scratch for the activations of a product, reused from call to call.
+    static PANELS: RefCell<ActPanels> = RefCell::new(ActPanels::new());
+    static ACTS: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// One token's quantized row, for whichever thread quantizes it.
+    static ROW: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
+    /// Wrap `q`, packing its rows when `pack` is set and its type and the CPU allow it.
+    pub fn new(
+        name: &str,
+        q: QMatrix<S>,
+        kernels: &KernelSet,
+        pool: Arc<dyn Parallel>,
+        pack: bool,
+    ) -> Result<FastMatrix<S>, LoadError> {
+        let k = kernels.get(q.ty).ok_or_else(|| {
+            LoadError::Other(format!(
+                "tensor {name:?}: type {} has no kernels",
+                q.ty.name()
+            ))
+        })?;
+        let (ty, rows, cols) = (q.ty, q.rows, q.cols);
+        // The micro-kernel uses the kernel set's activation quantizer: only with a set that
+        // has the instruction set the micro-kernel needs.
+        let packed = if pack && packs(kernels) {
+            pack_checked(name, &q)?
+        } else {
+            None
+        };
+        let store = match packed {
+            Some(p) => Store::Packed(p),
+            None => Store::Rows(q),
+        };
+        Ok(FastMatrix {
+            store,
+            ty,
+            rows,
+            cols,
+            kernels: k,
+            pool,
+        })
+    }
+
+    fn n_tasks(&self, units: usize) -> usize {
+        units.min(self.pool.threads() * TASKS_PER_THREAD).max(1)
+    }
+
+    /// The range of `units` that task `i` of `n` takes.
+    fn task_range(units: usize, n: usize, i: usize) -> std::ops::Range<usize> {
+        (units * i / n)..(units * (i + 1) / n)
+    }
+
+    // ANCHOR: matmul_packed
+    fn matmul_packed(&self, p: &PackedMatrix, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / self.cols;
+        let k = &self.kernels;
+        PANELS.with_borrow_mut(|acts| {
+            // 1. Quantize the activations, tokens spread over the threads.
+            acts.resize(n, self.cols, block_size(k.act_ty));
+            if n < 2 * QUANT_CHUNK || self.pool.threads() == 1 {
+                acts.fill(k, x, self.cols);
+            } else {
+                let w = acts.writer();
+                let cols = self.cols;
+                self.pool.run(n.div_ceil(QUANT_CHUNK), &|i| {
+                    ROW.with_borrow_mut(|row| {
+                        for t in i * QUANT_CHUNK..((i + 1) * QUANT_CHUNK).min(n) {
+                            // SAFETY: each token is quantized by one task; the panels are
+                            // borrowed for the whole call.
+                            unsafe { w.quantize_token(k, &x[t * cols..(t + 1) * cols], t, row) };
+                        }
+                    })
+                });
+            }
+            // 2. Each task computes a range of row groups for all tokens.
+            let dst = OutPtr(out.as_mut_ptr());
+            let tasks = self.n_tasks(p.groups);
+            let acts = &*acts;
+            self.pool.run(tasks, &|i| {
+                let groups = Self::task_range(p.groups, tasks, i);
+                // SAFETY: `out` holds (n, rows) floats; tasks write disjoint row groups.
+                unsafe { p.gemm_groups(acts, groups, dst) };
+            });
+        });
+    }
+    // ANCHOR_END: matmul_packed
+
+    fn matmul_rows(&self, q: &QMatrix<S>, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / self.cols;
+        let k = &self.kernels;
+        let arb = q.act_row_bytes();
+        ACTS.with_borrow_mut(|acts| {
+            acts.resize(n * arb, 0);
+            if n < 2 * QUANT_CHUNK || self.pool.threads() == 1 {
+                for (xr, qr) in x.chunks_exact(self.cols).zip(acts.chunks_exact_mut(arb)) {
+                    (k.quantize_act)(xr, qr);
+                }
+            } else {
+                let a = SharedMut(acts.as_mut_ptr());
+                let cols = self.cols;
+                self.pool.run(n.div_ceil(QUANT_CHUNK), &|i| {
+                    for t in i * QUANT_CHUNK..((i + 1) * QUANT_CHUNK).min(n) {
+                        // SAFETY: token t's bytes are written by this task only.
+                        let qr =
+                            unsafe { std::slice::from_raw_parts_mut(a.ptr().add(t * arb), arb) };
+                        (k.quantize_act)(&x[t * cols..(t + 1) * cols], qr);
+                    }
+                });
+            }
+            let acts = &acts[..];
+            let dst = SharedMut(out.as_mut_ptr());
+            let units = q.rows.div_ceil(GROUP);
+            let tasks = self.n_tasks(units);
+            let (rows, cols) = (q.rows, q.cols);
+            self.pool.run(tasks, &|i| {
+                let r = Self::task_range(units, tasks, i);
+                let r = r.start * GROUP..(r.end * GROUP).min(rows);
+                for t0 in (0..n).step_by(ROW_TILE) {
+                    let t1 = (t0 + ROW_TILE).min(n);
+                    for row in r.clone() {
+                        let w = q.row(row);
+                        for t in t0..t1 {
+                            let y = (k.vec_dot)(cols, w, &acts[t * arb..(t + 1) * arb]);
+                            // SAFETY: (t, row) is inside `out`, and only this task writes row.
+                            unsafe { *dst.ptr().add(t * rows + row) = y };
+                        }
+                    }
+                }
+            });
+        });
+    }
+}
+
+/// Whether matrices are packed for the micro-kernel with this kernel set.
+pub fn packs(kernels: &KernelSet) -> bool {
+    kernels.isa == crate::kernels::Isa::Avx512Vnni && crate::gemm::vnni_available()
+}
+
+impl<S: AsRef<[u8]> + Send + Sync> Matrix for FastMatrix<S> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / self.cols;
+        assert!(
+            x.len() == n * self.cols && out.len() == n * self.rows,
+            "matmul: x has {} values, out {}, for a ({}, {}) matrix",
+            x.len(),
+            out.len(),
+            self.rows,
+            self.cols
+        );
+        if n == 0 {
+            return;
+        }
+        match &self.store {
+            Store::Packed(p) => self.matmul_packed(p, x, out),
+            Store::Rows(q) => self.matmul_rows(q, x, out),
+        }
+    }
+    fn get_row(&self, r: usize, out: &mut [f32]) {
+        match &self.store {
+            Store::Rows(q) => q.get_row(r, out),
+            Store::Packed(p) => {
+                let t = type_traits(self.ty).expect("packed types have traits");
+                let mut row = vec![0u8; self.cols / t.block_size * t.type_size];
+                p.row_blocks(r, &mut row);
+                (t.to_float)(&row, out);
+            }
+        }
+    }
+    fn describe(&self) -> String {
+        // The pool is the loader's, the same for every matrix: see `FastLoader::describe`.
+        match self.store {
+            Store::Packed(_) => format!("{} packed ×16 (avx512vnni micro-kernel)", self.ty.name()),
+            Store::Rows(_) => format!("{} rows ({} vec_dot)", self.ty.name(), self.kernels.isa),
+        }
+    }
+}
+
+// ANCHOR: loader
+/// Makes a [`FastMatrix`] of every tensor: the kernel set, the pool its products run on, and
+/// whether to pack rows for the micro-kernel.
+#[derive(Clone)]
+pub struct FastLoader {
+    pub kernels: KernelSet,
+    pub pool: Arc<dyn Parallel>,
+    pub pack: bool,
+}
+
+impl FastLoader {
+    /// The best kernels for this CPU, packing on, products on `pool`.
+    pub fn new(pool: Arc<dyn Parallel>) -> FastLoader {
+        FastLoader {
+            kernels: KernelSet::detect(),
+            pool,
+            pack: true,
+        }
+    }
+
+    /// The kernel set and the pool, for diagnostics.
+    pub fn describe(&self) -> String {
+        format!(
+            "products on a {}{}\n{}",
+            self.pool.describe(),
+            if self.pack { "" } else { ", rows not packed" },
+            self.kernels.describe()
+        )
+    }
+
+    /// A matrix over `data` (rows of `info`'s type): how chapter 10 hands in mapped bytes.
+    pub fn matrix<S: AsRef<[u8]> + Send + Sync + 'static>(
+        &self,
+        info: &TensorInfo,
+        data: S,
+    ) -> Result<FastMatrix<S>, LoadError> {
+        let (cols, rows) = matrix_dims(info)?;
+        let q = QMatrix::new(&info.name, info.ggml_type, rows, cols, data)?;
+        FastMatrix::new(&info.name, q, &self.kernels, self.pool.clone(), self.pack)
+    }
+}
+
+impl MatrixLoader for FastLoader {
+    fn load(
+        &self,
+        _gguf: &Gguf,
+        info: &TensorInfo,
+        bytes: &[u8],
+    ) -> Result<Box<dyn Matrix>, LoadError> {
+        Ok(Box::new(self.matrix(info, bytes.to_vec())?))
+    }
+}
+// ANCHOR_END: loader

@@ -1,0 +1,107 @@
+//! The SIMD versions of chapter 6's scalar kernels, one module per architecture.
+//!
+//! - [`x86`] (x86-64): AVX2 with FMA and F16C, AVX-512 (F, BW, VL), and AVX-512 VNNI;
+//! - [`arm`] (AArch64): NEON, and NEON with the dot-product extension (`sdot`).
+//!
+//! Every kernel here is compiled for one instruction set with `#[target_feature]`, so calling
+//! it on a CPU without that set is undefined behaviour: the functions are unsafe to call from
+//! code that does not enable the same features. [`crate::kernels::KernelSet`] is the safe way
+//! in: it hands out a kernel only after the CPU said it has the instructions.
+//!
+//! The kernels keep the contract of chapter 6's table: the same blocks in, the same sum out up
+//! to the order of the float additions. Their integer work is exact, so SIMD and scalar differ
+//! only in how the per-block float terms are added (see `tests/kernels.rs` for the bound). Two
+//! preconditions hold for every activation row a quantizer of chapter 6 or this chapter writes,
+//! and the kernels rely on them, as ggml's do:
+//! - activation codes (Q8_0, Q8_1, Q8_K) are in `-127..=127`, never `-128`, so that negating
+//!   one cannot overflow;
+//! - a Q8_K block's `bsums` are the sums of its codes, which the k-quant kernels use in place of
+//!   adding the codes again.
+//!
+//! The activation quantizers give the bytes of the scalar ones exactly, for every input.
+
+// ggml's names, kept so the kernels read beside ggml's: `vec_dot_q4_K_q8_K`, `scales_q3_K`.
+#![allow(non_snake_case)]
+
+#[cfg(target_arch = "aarch64")]
+pub mod arm;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block, one per byte (scale or min
+/// `j` in byte `j`), unpacked four at a time with 32-bit masks rather than one by one as
+/// chapter 6's `get_scale_min_k4` does.
+#[inline(always)]
+pub(crate) fn scales_mins_k4(q: &[u8; 12]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([q[i], q[i + 1], q[i + 2], q[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    // Scales and mins 0..4 are the low six bits of bytes 0..4 and 4..8; 4..8 keep their low
+    // four bits in bytes 8..12 and their top two in the spare top bits of bytes 0..8.
+    let scales_lo = a & 0x3f3f_3f3f;
+    let mins_lo = b & 0x3f3f_3f3f;
+    let scales_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let mins_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+    (
+        scales_lo as u64 | (scales_hi as u64) << 32,
+        mins_lo as u64 | (mins_hi as u64) << 32,
+    )
+}
+
+/// The sixteen 6-bit scales of a Q3_K block, one per byte as four little-endian words, each
+/// still offset by 32 (`scale + 32`, in `0..64`): low four bits from the nibbles of bytes
+/// 0..8, top two from bytes 8..12, four bit pairs per byte.
+#[inline(always)]
+pub(crate) fn scales_q3_K(q: &[u8; 12]) -> [u32; 4] {
+    let word = |i: usize| u32::from_le_bytes([q[i], q[i + 1], q[i + 2], q[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    [
+        (a & 0x0f0f_0f0f) | ((c & 0x0303_0303) << 4),
+        (b & 0x0f0f_0f0f) | (((c >> 2) & 0x0303_0303) << 4),
+        ((a >> 4) & 0x0f0f_0f0f) | (((c >> 4) & 0x0303_0303) << 4),
+        ((b >> 4) & 0x0f0f_0f0f) | (((c >> 6) & 0x0303_0303) << 4),
+    ]
+}
+
+/// The first element of `x` whose magnitude is `amax` (one of them is): Q8_K's scale takes the
+/// sign of the first element of largest magnitude.
+#[inline(always)]
+fn first_with_abs(x: &[f32], amax: f32) -> f32 {
+    x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ch06::quants::k_quants::q3_K_scale;
+    use crate::ch06::quants::search::get_scale_min_k4;
+
+    #[test]
+    fn scale_unpacking_matches_chapter_6() {
+        // Every byte value in every position, in a few hundred pseudo-random blocks.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..500 {
+            let mut q = [0u8; 12];
+            for b in q.iter_mut() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *b = state as u8;
+            }
+            let (scales, mins) = scales_mins_k4(&q);
+            for j in 0..8 {
+                let (sc, m) = get_scale_min_k4(j, &q);
+                assert_eq!((scales >> (8 * j)) as u8, sc, "scale {j} of {q:?}");
+                assert_eq!((mins >> (8 * j)) as u8, m, "min {j} of {q:?}");
+            }
+            let s3 = scales_q3_K(&q);
+            for j in 0..16 {
+                let byte = s3[j / 4].to_le_bytes()[j % 4];
+                assert_eq!(
+                    byte as i32 - 32,
+                    q3_K_scale(&q, j),
+                    "Q3_K scale {j} of {q:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The activation quantizers Q8_0, Q8_1 and Q8_K with AVX2, giving chapter 6's bytes exactly.
+//!
+//! Exactness comes from doing the same float operations in the same order: the same `amax`
+//! (a maximum is exact in any order), the same divisions for the scale, the same product per
+//! element, and the same rounding. Chapter 6 rounds Q8_0/Q8_1 codes half away from zero
+//! (`f32::round`, C's `roundf`), which x86 has no instruction for: [`round_away`] truncates and
+//! adds one where the dropped fraction is at least one half. (ggml's AVX2 version rounds half
+//! to even instead, and multiplies by `127 / amax` rather than `1 / (amax / 127)`, so on rare
+//! ties its codes differ from its own reference by one; these do not.) Q8_K uses ggml's
+//! `nearest_int`, a float addition and two integer operations, done here lane by lane.
+//!
+//! Out-of-range inputs follow Rust's `as i8` like the scalar code: NaN becomes 0, infinities
+//! saturate.
+//!
+//! # Safety
+//! Every function needs AVX2, FMA and F16C enabled by the caller.
+
+use super::super::first_with_abs;
+use super::*;
+use crate::ch06::quants::blocks::*;
+
+/// `max(|v|)` over `v`, ignoring NaN like chapter 6's `f32::max` fold: `vmaxps` returns its
+/// second operand when either is NaN, and the running maximum is kept second.
+#[inline(always)]
+unsafe fn amax(v: &[__m256]) -> f32 {
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for &x in v {
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, x), m);
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+}
+
+/// `v.round() as i8` for 8 floats, as 32-bit lanes: round half away from zero, NaN to 0,
+/// saturate to `-128..=127`.
+#[inline(always)]
+unsafe fn round_away(v: __m256) -> __m256i {
+    unsafe {
+        // `v - trunc(v)` is exact, so comparing it with 0.5 decides the rounding exactly.
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+        let frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0), _mm256_sub_ps(v, t));
+        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5));
+        let one = _mm256_or_ps(_mm256_set1_ps(1.0), _mm256_and_ps(v, _mm256_set1_ps(-0.0)));
+        let r = _mm256_add_ps(t, _mm256_and_ps(up, one));
+        let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+        let r = _mm256_min_ps(
+            _mm256_max_ps(r, _mm256_set1_ps(-128.0)),
+            _mm256_set1_ps(127.0),
+        );
+        _mm256_cvtps_epi32(r)
+    }
+}
+
+/// Four vectors of eight 32-bit codes in `-128..=127` → 32 bytes in element order.
+#[inline(always)]
+unsafe fn pack_i8(q: [__m256i; 4]) -> __m256i {
+    unsafe {
+        // The packs work within 128-bit halves; the permute puts the 4-byte groups back.
+        let p = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+/// One block of 32: the scale `d` and the codes as 32-bit lanes.
+#[inline(always)]
+unsafe fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
+    unsafe {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (k, v) in v.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(x[8 * k..8 * k + 8].as_ptr());
+        }
+        let d = amax(&v) / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let mut q = [_mm256_setzero_si256(); 4];
+        for (q, &v) in q.iter_mut().zip(&v) {
+            *q = round_away(_mm256_mul_ps(v, id));
+        }
+        (d, q)
+    }
+}
+
+// ANCHOR: quantize_q8_0
+/// `quantize_row_q8_0`.
+#[inline(always)]
+pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+    assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0: lengths");
+    unsafe {
+        for (x, y) in x.chunks_exact(QK8_0).zip(y) {
+            let (d, q) = q8_block(x);
+            y.d = to_fp16(d);
+            _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), pack_i8(q));
+        }
+    }
+}
+// ANCHOR_END: quantize_q8_0
+
+/// `quantize_row_q8_1`: Q8_0's codes and `s = d · Σ q`.
+#[inline(always)]
+pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+    assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1: lengths");
+    unsafe {
+        for (x, y) in x.chunks_exact(QK8_1).zip(y) {
+            let (d, q) = q8_block(x);
+            let sum = hsum_i32(_mm256_add_epi32(
+                _mm256_add_epi32(q[0], q[1]),
+                _mm256_add_epi32(q[2], q[3]),
+            ));
+            y.d = to_fp16(d);
+            y.s = to_fp16(sum as f32 * d);
+            _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), pack_i8(q));
+        }
+    }
+}
+
+/// ggml's `nearest_int` on 8 lanes: adding 1.5 · 2^23 leaves the rounded value (ties to even)
+/// in the low mantissa bits.
+#[inline(always)]
+unsafe fn nearest_int(v: __m256) -> __m256i {
+    unsafe {
+        let bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0)));
+        _mm256_sub_epi32(
+            _mm256_and_si256(bits, _mm256_set1_epi32(0x007f_ffff)),
+            _mm256_set1_epi32(0x0040_0000),
+        )
+    }
+}
+
+/// Sums of 16 codes: for 4 registers of 32 codes, the 8 sums in group order.
+#[inline(always)]
+unsafe fn sums16(c: &[__m256i]) -> __m256i {
+    unsafe {
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        // Sums of 4: lanes 0..4 cover the register's first 16 codes, lanes 4..8 the rest.
+        let mut s = [_mm256_setzero_si256(); 4];
+        for (s, &c) in s.iter_mut().zip(c) {
+            *s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, c), ones16);
+        }
+        // Two rounds of pairwise adds leave [g0 g2 g4 g6 | g1 g3 g5 g7].
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+// ANCHOR: quantize_q8_K
+/// `quantize_row_q8_K`.
+#[inline(always)]
+pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
+    assert_eq!(x.len(), y.len() * QK_K, "quantize_row_q8_K: lengths");
+    unsafe {
+        for (x, y) in x.chunks_exact(QK_K).zip(y) {
+            let mut v = [_mm256_setzero_ps(); 32];
+            for (k, v) in v.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(x[8 * k..8 * k + 8].as_ptr());
+            }
+            let amax = amax(&v);
+            if amax == 0.0 {
+                *y = BlockQ8_K {
+                    d: 0.0,
+                    qs: [0; QK_K],
+                    bsums: [0; QK_K / 16],
+                };
+                continue;
+            }
+            let iscale = -127.0 / first_with_abs(x, amax);
+            let vs = _mm256_set1_ps(iscale);
+            let mut codes = [_mm256_setzero_si256(); 8];
+            for (k, c) in codes.iter_mut().enumerate() {
+                // `nearest_int(..).min(127) as i8`: the cast keeps the low byte.
+                let mut q = [_mm256_setzero_si256(); 4];
+                for (q, &v) in q.iter_mut().zip(&v[4 * k..4 * k + 4]) {
+                    let n =
+                        _mm256_min_epi32(nearest_int(_mm256_mul_ps(vs, v)), _mm256_set1_epi32(127));
+                    *q = _mm256_and_si256(n, _mm256_set1_epi32(0xFF));
+                }
+                let p = _mm256_packus_epi16(
+                    _mm256_packus_epi32(q[0], q[1]),
+                    _mm256_packus_epi32(q[2], q[3]),
+                );
+                *c = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(y.qs[32 * k..].as_mut_ptr().cast(), *c);
+            }
+            let (lo, hi) = (sums16(&codes[..4]), sums16(&codes[4..]));
+            let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
+            _mm256_storeu_si256(y.bsums.as_mut_ptr().cast(), b);
+            y.d = 1.0 / iscale;
+        }
+    }
+}
+// ANCHOR_END: quantize_q8_K

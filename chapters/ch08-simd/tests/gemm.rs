@@ -1,0 +1,154 @@
+//! The fast matrix product against chapter 6's scalar one, on random matrices.
+//!
+//! The packed micro-kernel for 32-weight blocks performs, in each lane, the operations of
+//! chapter 6's scalar `vec_dot` in the same order, and the activation quantizers of every kernel
+//! set give the scalar bytes: so its products must equal chapter 6's exactly, for any number of
+//! tokens and threads. The k-quant kernels and the row-at-a-time path with SIMD `vec_dot`s add
+//! the same exact integer sums in another order; they are held to a float-rounding tolerance.
+
+use ch08::ch01::GgmlType;
+use ch08::gemm::{PackedMatrix, PackedType};
+use ch08::kernels::{Isa, KernelSet};
+use ch08::matrix::{FastMatrix, Store};
+use ch08::pool::{Parallel, RayonPool, SpinPool};
+use ch08::{Matrix, QMatrix, quantize_chunk};
+use std::sync::Arc;
+
+/// Reordered float sums of the same exact integer block sums: each reordered addition can
+/// change the last bit (2^-24 relative) of a running sum, so over at most 48 blocks the error
+/// stays within a few hundred ulps of the sum of |block terms|, which these random rows keep
+/// within a factor of ~10 of |result| (or of 1 where the result is near zero).
+const REORDERED_REL: f32 = 1e-4;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+fn quantized(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> QMatrix {
+    let w = rng.vec(rows * cols, 0.5);
+    let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut q = vec![0u8; rows * row_bytes];
+    quantize_chunk(ty, &w, &mut q, rows, cols).unwrap();
+    QMatrix::new("w", ty, rows, cols, q).unwrap()
+}
+
+fn pools() -> Vec<Arc<dyn Parallel>> {
+    vec![
+        Arc::new(SpinPool::new(1)),
+        Arc::new(SpinPool::new(2)),
+        Arc::new(SpinPool::new(3)),
+        Arc::new(RayonPool::new(2)),
+    ]
+}
+
+const LEGACY: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+/// Every kernel set this CPU has.
+fn kernel_sets() -> Vec<KernelSet> {
+    [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+        Isa::NeonDotprod,
+    ]
+    .into_iter()
+    .filter_map(KernelSet::for_isa)
+    .collect()
+}
+
+#[test]
+fn packing_round_trips_every_row() {
+    let mut rng = Rng(7);
+    for ty in LEGACY.into_iter().chain([GgmlType::Q4_K, GgmlType::Q6_K]) {
+        let shapes: &[(usize, usize)] = if ty.block_size() == 256 {
+            &[(16, 256), (17, 512), (5, 1536)]
+        } else {
+            &[(16, 32), (17, 64), (5, 96), (48, 576)]
+        };
+        for &(rows, cols) in shapes {
+            let q = quantized(ty, rows, cols, &mut rng);
+            let Some(p) = PackedMatrix::pack(&q) else {
+                // Packing needs AVX-512 VNNI; without it FastMatrix keeps the rows.
+                assert!(!ch08::gemm::vnni_available());
+                continue;
+            };
+            assert_eq!(p.ty, PackedType::of(ty).unwrap());
+            let mut row = vec![0u8; q.row_bytes];
+            for r in 0..rows {
+                p.row_blocks(r, &mut row);
+                assert_eq!(row, q.row(r), "{ty} ({rows}, {cols}) row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_products_equal_chapter_6s() {
+    let mut rng = Rng(42);
+    let types = LEGACY
+        .into_iter()
+        .chain([GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32]);
+    for ty in types {
+        let cols_list: &[usize] = if ty.block_size() == 256 {
+            &[256, 1536]
+        } else {
+            &[32, 96, 576]
+        };
+        for &cols in cols_list {
+            for rows in [1, 16, 33, 100] {
+                let q = quantized(ty, rows, cols, &mut rng);
+                for n in [1, 2, 3, 8, 9, 17, 40] {
+                    let x = rng.vec(n * cols, 2.0);
+                    let mut want = vec![0.0; n * rows];
+                    q.matmul(&x, &mut want);
+                    for set in kernel_sets() {
+                        for (pi, pool) in pools().into_iter().enumerate() {
+                            // Only a few combinations with the slower pools, to stay fast.
+                            if pi > 0 && n % 2 == 0 {
+                                continue;
+                            }
+                            let data = q.data.clone();
+                            let qm = QMatrix::new("w", ty, rows, cols, data).unwrap();
+                            let m = FastMatrix::new("w", qm, &set, pool, true).unwrap();
+                            let mut got = vec![f32::NAN; n * rows];
+                            m.matmul(&x, &mut got);
+                            let exact = set.isa == Isa::Scalar
+                                || matches!(&m.store, Store::Packed(p) if p.ty.qk() == 32);
+                            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                                let ok = if exact {
+                                    g.to_bits() == w.to_bits()
+                                } else {
+                                    (g - w).abs() <= REORDERED_REL * w.abs().max(1.0)
+                                };
+                                assert!(
+                                    ok,
+                                    "{ty} ({rows}, {cols}) × {n} tokens, {}: out[{}][{}] = {g}, scalar {w}",
+                                    m.describe(),
+                                    i / rows,
+                                    i % rows
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Chapter 10: memory-mapped loading, and the finished engine.
+//!
+//! Until now every chapter read the model file into a `Vec<u8>` and copied each weight out of
+//! it: the weights existed twice while loading, and every run paid a full read before its first
+//! token. This chapter maps the file instead and lets the matrices point into the map, so the
+//! weights are the page cache's own pages — loaded in milliseconds, read from disk only as they
+//! are touched, shared by every process that runs the same file, and still there for the next
+//! run. Then it puts the chapters together into the engine's command line.
+//!
+//! Modules:
+//! - [`mapped`]: [`SharedBytes`] (a range of a shared buffer that keeps it alive; a
+//!   [`MappedBytes`] when the buffer is a memory map), [`map_gguf`] with its page-cache hints
+//!   ([`MapOptions`]: `madvise`, populate, `mlock`), [`read_gguf`] for the `--no-mmap` path,
+//!   and the safety contract of mapping a file;
+//! - [`loader`]: [`ViewLoader`] (a [`MappedLoader`] over a map), the `MatrixLoader` that makes
+//!   chapter 8's fast matrices over views of the file, copying only a tensor whose bytes are
+//!   not aligned for its blocks;
+//! - [`chat`]: [`PrefixSession`], which reuses the KV cache across calls by keeping the longest
+//!   common token prefix, and [`Chat`], a conversation through the model's chat template;
+//! - [`engine`]: [`Engine`] (model, tokenizer and template, loaded one way or another),
+//!   [`EngineArgs`] (chapter 4's flags plus this chapter's) and [`engine::run`], the binary's
+//!   main loop with llama.cpp-style timings.
+//!
+//! The binary (`src/main.rs`) is the finished engine:
+//! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`.
+//!
+//! Left for later, and for the reader: a server in front of chapter 7's scheduler, more model
+//! architectures than llama, GPU offload, and loading tensors straight from disk into device
+//! memory.
+
+pub mod chat;
+pub mod engine;
+pub mod loader;
+pub mod mapped;
+
+pub use chat::{Chat, PrefixSession, Turn};
+pub use engine::{Engine, EngineArgs, LoadMode, MemoryStats, memory_stats};
+pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
+pub use mapped::{
+    AlignedBuf, MapOptions, MappedBytes, OpenError, PageAdvice, ReadBytes, SharedBytes, map_gguf,
+    read_gguf,
+};
+
+/// Everything earlier chapters offer, so `ch10` reads as "the engine as of chapter 10".
+pub use ch08::{self, *};

@@ -1,0 +1,141 @@
+//! A [`MatrixLoader`] whose matrices view the file's bytes instead of copying them.
+//!
+//! Chapter 6's `QuantLoader` copies each tensor into a `Vec<u8>` of its own; with the file also
+//! read into memory, the weights exist twice while loading. [`ViewLoader`] hands each matrix a
+//! [`SharedBytes`] view of the one buffer the file lives in — the memory map
+//! ([`MappedLoader`]), or the file read once into aligned memory (the `--no-mmap` path) — so the
+//! weights exist once, and with a map they are the page cache's own pages.
+//!
+//! # Alignment
+//!
+//! The kernels read a tensor's bytes as ggml's block structs (`BlockQ4_1` is two f16 and
+//! sixteen bytes of codes: it needs 2-byte alignment; the `f32` scale of `BlockQ8_K` needs 4).
+//! A map starts on a page boundary, the data section on a multiple of `general.alignment`
+//! (32 unless the file says otherwise) and every tensor on a multiple of it inside the data
+//! section, so tensor bytes are 32-byte aligned in memory and the views always qualify. A file
+//! may legally say `general.alignment = 1`, though. Then a tensor can start at an odd address,
+//! and a view would make every dot product fall back to copying its row into an aligned buffer
+//! first. Instead, such a tensor is copied once, at load, into aligned memory (the one copy the
+//! loader ever makes), and [`ViewLoader::copied`] lists it. `examples/alignment.rs` measures
+//! both ways.
+
+use crate::mapped::{AlignedBuf, SharedBytes};
+use ch08::FastLoader;
+use ch08::ch01::{GgmlType, Gguf, TensorInfo};
+use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
+use ch08::quants::*;
+use memmap2::Mmap;
+use std::cell::RefCell;
+use std::mem::align_of;
+
+// ANCHOR: tensor_bytes
+/// The bytes a matrix computes on: a view of the file, or a private aligned copy of a tensor
+/// whose view is not aligned for its blocks.
+pub enum TensorBytes<O> {
+    View(SharedBytes<O>),
+    Copy(AlignedBuf),
+}
+
+impl<O: AsRef<[u8]>> AsRef<[u8]> for TensorBytes<O> {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            TensorBytes::View(v) => v.as_ref(),
+            TensorBytes::Copy(c) => c.as_ref(),
+        }
+    }
+}
+// ANCHOR_END: tensor_bytes
+
+/// The alignment the kernels need for the bytes of a `ty` tensor: the alignment of ggml's
+/// block struct. Float rows are decoded with `from_le_bytes`, so any address serves them.
+pub fn block_align(ty: GgmlType) -> usize {
+    use GgmlType::*;
+    match ty {
+        Q4_0 => align_of::<BlockQ4_0>(),
+        Q4_1 => align_of::<BlockQ4_1>(),
+        Q5_0 => align_of::<BlockQ5_0>(),
+        Q5_1 => align_of::<BlockQ5_1>(),
+        Q8_0 => align_of::<BlockQ8_0>(),
+        Q8_1 => align_of::<BlockQ8_1>(),
+        Q2_K => align_of::<BlockQ2_K>(),
+        Q3_K => align_of::<BlockQ3_K>(),
+        Q4_K => align_of::<BlockQ4_K>(),
+        Q5_K => align_of::<BlockQ5_K>(),
+        Q6_K => align_of::<BlockQ6_K>(),
+        Q8_K => align_of::<BlockQ8_K>(),
+        _ => 1,
+    }
+}
+
+// ANCHOR: view_loader
+/// Makes each matrix over a view of the buffer the file lives in, as chapter 8's fast matrix
+/// (its kernels, threads and packing are `fast`'s). One loader serves one file: it checks that
+/// the bytes it is given are that file's.
+pub struct ViewLoader<O> {
+    file: SharedBytes<O>, // the whole file image
+    pub fast: FastLoader,
+    copied: RefCell<Vec<String>>,
+}
+
+/// The loader of a memory-mapped file.
+pub type MappedLoader = ViewLoader<Mmap>;
+
+impl<O: AsRef<[u8]> + Send + Sync + 'static> ViewLoader<O> {
+    /// A loader for the file whose whole image is `file`, making matrices as `fast` does.
+    pub fn new(file: SharedBytes<O>, fast: FastLoader) -> ViewLoader<O> {
+        ViewLoader {
+            file,
+            fast,
+            copied: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The bytes of tensor `info`, as a view: they start at `data_offset + info.offset`.
+    pub fn view(&self, gguf: &Gguf, info: &TensorInfo) -> Result<SharedBytes<O>, LoadError> {
+        let start = gguf.data_offset.checked_add(info.offset);
+        start
+            .and_then(|s| self.file.slice(s, info.n_bytes()))
+            .ok_or_else(|| {
+                LoadError::Other(format!(
+                    "tensor {:?}: bytes {}+{}..+{} lie outside the {}-byte file",
+                    info.name,
+                    gguf.data_offset,
+                    info.offset,
+                    info.n_bytes(),
+                    self.file.as_ref().len()
+                ))
+            })
+    }
+
+    /// Names of the tensors copied because their bytes were not aligned for their blocks.
+    pub fn copied(&self) -> Vec<String> {
+        self.copied.borrow().clone()
+    }
+}
+
+impl<O: AsRef<[u8]> + Send + Sync + 'static> MatrixLoader for ViewLoader<O> {
+    fn load(
+        &self,
+        gguf: &Gguf,
+        info: &TensorInfo,
+        bytes: &[u8],
+    ) -> Result<Box<dyn Matrix>, LoadError> {
+        let view = self.view(gguf, info)?;
+        if !std::ptr::eq(view.as_ref(), bytes) {
+            return Err(LoadError::Other(format!(
+                "tensor {:?}: the bytes given are not this loader's file (a view loader serves \
+                 the file it was made for)",
+                info.name
+            )));
+        }
+        let data = if (view.as_ref().as_ptr() as usize).is_multiple_of(block_align(info.ggml_type))
+        {
+            TensorBytes::View(view)
+        } else {
+            self.copied.borrow_mut().push(info.name.clone());
+            TensorBytes::Copy(AlignedBuf::copy_of(view.as_ref()))
+        };
+        Ok(Box::new(self.fast.matrix(info, data)?))
+    }
+}
+// ANCHOR_END: view_loader
