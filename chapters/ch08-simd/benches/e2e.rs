@@ -10,8 +10,9 @@
 //! pool with one and two threads), and `simd_2t_rayon` (the same on a rayon pool). Every
 //! engine's logits are compared with chapter 6's before anything is timed.
 //!
-//! - `fork_join`: `Parallel::run` with one empty task per thread: what a matrix product pays
-//!   to wake the threads and wait for them, 211 times per decoded token.
+//! - `fork_join`: `Parallel::run` with one task per thread, each waiting until all have
+//!   started: what a matrix product pays to wake the threads and wait for them, 211 times per
+//!   decoded token.
 //!
 //! cargo bench -p ch08 --bench e2e [-- decode]
 
@@ -24,6 +25,7 @@ use ch08::{
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 const PREFILL: usize = 128;
@@ -131,8 +133,15 @@ fn fork_join(c: &mut Criterion) {
         let n = pool.threads();
         g.bench_function(BenchmarkId::new(*name, n), |b| {
             b.iter(|| {
-                pool.run(n, &|i| {
-                    black_box(i);
+                // Every task waits until all have started, so each thread must take one: an
+                // empty task would let the calling thread run them all when a worker is slow
+                // to wake, and measure nothing.
+                let started = AtomicUsize::new(0);
+                pool.run(n, &|_| {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    while started.load(Ordering::SeqCst) < n {
+                        std::hint::spin_loop();
+                    }
                 })
             })
         });

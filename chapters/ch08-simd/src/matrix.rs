@@ -43,7 +43,6 @@ pub enum Store<S> {
     Packed(PackedMatrix),
 }
 
-// ANCHOR: fast_matrix
 /// A quantized weight matrix whose products run on a kernel set and a thread pool.
 pub struct FastMatrix<S = Vec<u8>> {
     pub store: Store<S>,
@@ -53,7 +52,6 @@ pub struct FastMatrix<S = Vec<u8>> {
     pub kernels: TypeKernels,
     pub pool: Arc<dyn Parallel>,
 }
-// ANCHOR_END: fast_matrix
 
 /// Where threads write their own, disjoint parts of a buffer.
 #[derive(Clone, Copy)]
