@@ -3,9 +3,11 @@
 //! - [`model`]: where the default model lives, and fetching it on first need.
 //! - [`refdata`]: reading what llama.cpp computed (`reference-data/`), with a hint on how to
 //!   regenerate it when it is missing or stale.
+//! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
 //! - [`compare`]: the one tensor comparison helper that every check against llama.cpp goes
 //!   through, with named tolerances and a report that says where two tensors diverge.
 
+pub mod alloc;
 pub mod compare;
 pub mod model;
 pub mod refdata;

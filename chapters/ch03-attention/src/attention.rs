@@ -13,6 +13,7 @@
 //! KV heads, so query heads 0–2 read KV head 0, 3–5 KV head 1, 6–8 KV head 2. The KV cache is
 //! three times smaller than with one KV head per query head.
 
+use crate::compute::{AttentionOps, AttnScratch, Scalar};
 use crate::kv::{KvError, KvStore, KvView};
 use crate::matrix::{LoadError, Matrix, MatrixLoader, load_matrix};
 use crate::observe::Observer;
@@ -115,7 +116,7 @@ impl Attention {
     pub fn attend(
         &self,
         q: &[f32],
-        kv: &impl KvView,
+        kv: &(impl KvView + ?Sized),
         visible: std::ops::Range<usize>,
         probs: &mut [f32],
         out: &mut [f32],
@@ -182,7 +183,77 @@ impl Attention {
     /// Self-attention of layer `layer` for a batch of tokens: `x` is `(n, d_model)` (the
     /// normalised hidden states), `out` receives `(n, d_model)`. Every token's key and value go
     /// into `kv` first; then each token attends to its own sequence up to its own position.
-    /// `kv` must already have room for the tokens (see [`KvStore::reserve`]).
+    /// `kv` must already have room for the tokens (see [`KvStore::reserve`]). RoPE and the
+    /// attention itself run through `ops` (the scalar reference, or a faster one); `s` holds
+    /// the buffers, reused from call to call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with<K: KvStore>(
+        &self,
+        ops: &dyn AttentionOps,
+        s: &mut AttnScratch,
+        w: &AttentionWeights,
+        layer: usize,
+        x: &[f32],
+        tokens: &[TokenPos],
+        kv: &mut K,
+        obs: &mut dyn Observer,
+        out: &mut [f32],
+    ) {
+        let n = tokens.len();
+        let (hd, qd, kvd) = (self.head_dim, self.q_dim(), self.kv_dim());
+        s.fit(self, n);
+        let (q, k, v, attn) = (&mut s.q, &mut s.k, &mut s.v, &mut s.attn);
+        w.wq.matmul(x, q); // (n, n_head, head_dim)
+        w.wk.matmul(x, k); // (n, n_head_kv, head_dim)
+        w.wv.matmul(x, v); // (n, n_head_kv, head_dim)
+        ops.rope(&self.rope, q, hd, tokens);
+        ops.rope(&self.rope, k, hd, tokens);
+        for (i, t) in tokens.iter().enumerate() {
+            let r = i * kvd..(i + 1) * kvd;
+            kv.store(layer, t.seq, t.pos, &k[r.clone()], &v[r]);
+        }
+
+        if obs.enabled() {
+            // Observing needs every attention weight (`kq_soft_max`), which only the reference
+            // materialises: run it, and report.
+            self.attend_observed(layer, q, tokens, kv, obs, attn);
+        } else {
+            // One call per run of consecutive tokens of the same sequence: a prompt is one
+            // run; chapter 7's batches have one run per sequence.
+            let mut i = 0;
+            while i < n {
+                let seq = tokens[i].seq;
+                let j = i + tokens[i..].iter().take_while(|t| t.seq == seq).count();
+                let view = kv.view(layer, seq);
+                ops.attend(
+                    self,
+                    &q[i * qd..j * qd],
+                    &tokens[i..j],
+                    &view,
+                    &mut attn[i * qd..j * qd],
+                );
+                i = j;
+            }
+        }
+        w.wo.matmul(attn, out);
+
+        if obs.enabled() {
+            obs.observe(&format!("Qcur-{layer}"), &[n, self.n_head, hd], q);
+            obs.observe(&format!("Kcur-{layer}"), &[n, self.n_head_kv, hd], k);
+            obs.observe(&format!("Vcur-{layer}"), &[n, self.n_head_kv, hd], v);
+            obs.observe(&format!("kqv_out-{layer}"), &[n, qd], attn);
+            obs.observe(
+                &format!("attn_out-{layer}"),
+                &[n, out.len() / n.max(1)],
+                out,
+            );
+        }
+    }
+}
+// ANCHOR_END: forward
+
+impl Attention {
+    /// [`Attention::forward_with`] on the scalar reference, with buffers of its own.
     #[allow(clippy::too_many_arguments)]
     pub fn forward<K: KvStore>(
         &self,
@@ -194,35 +265,25 @@ impl Attention {
         obs: &mut dyn Observer,
         out: &mut [f32],
     ) {
-        let n = tokens.len();
-        let (hd, qd, kvd) = (self.head_dim, self.q_dim(), self.kv_dim());
-        let mut q = vec![0.0; n * qd]; // (n, n_head, head_dim)
-        let mut k = vec![0.0; n * kvd]; // (n, n_head_kv, head_dim)
-        let mut v = vec![0.0; n * kvd]; // (n, n_head_kv, head_dim)
-        w.wq.matmul(x, &mut q);
-        w.wk.matmul(x, &mut k);
-        w.wv.matmul(x, &mut v);
-        for (i, t) in tokens.iter().enumerate() {
-            self.rope.apply(&mut q[i * qd..(i + 1) * qd], hd, t.pos);
-            self.rope.apply(&mut k[i * kvd..(i + 1) * kvd], hd, t.pos);
-            kv.store(
-                layer,
-                t.seq,
-                t.pos,
-                &k[i * kvd..(i + 1) * kvd],
-                &v[i * kvd..(i + 1) * kvd],
-            );
-        }
+        let mut s = AttnScratch::default();
+        self.forward_with(&Scalar, &mut s, w, layer, x, tokens, kv, obs, out);
+    }
 
-        let mut attn = vec![0.0; n * qd]; // (n, n_head * head_dim): the heads' outputs side by side
-        let mut probs = Vec::new(); // (n_head, n_visible) scratch
-        // (n_head, n, n_kv): only built when someone observes it
+    /// The reference attention of every token, reporting the attention weights of all heads
+    /// as `kq_soft_max-{layer}` (`(n_head, n, n_kv)`, zero where a query sees nothing).
+    fn attend_observed<K: KvStore>(
+        &self,
+        layer: usize,
+        q: &[f32],
+        tokens: &[TokenPos],
+        kv: &K,
+        obs: &mut dyn Observer,
+        attn: &mut [f32],
+    ) {
+        let (n, qd) = (tokens.len(), self.q_dim());
         let n_kv = tokens.iter().map(|t| t.pos + 1).max().unwrap_or(0);
-        let mut all_probs = if obs.enabled() {
-            vec![0.0; self.n_head * n * n_kv]
-        } else {
-            Vec::new()
-        };
+        let mut all_probs = vec![0.0; self.n_head * n * n_kv]; // (n_head, n, n_kv)
+        let mut probs = Vec::new(); // (n_head, n_visible) scratch
         for (i, t) in tokens.iter().enumerate() {
             let view = kv.view(layer, t.seq);
             let visible = self.visible(t.pos, view.first());
@@ -234,39 +295,32 @@ impl Attention {
                 &mut probs,
                 &mut attn[i * qd..(i + 1) * qd],
             );
-            if !all_probs.is_empty() {
-                for h in 0..self.n_head {
-                    let row = &mut all_probs[(h * n + i) * n_kv..(h * n + i + 1) * n_kv];
-                    row[visible.clone()]
-                        .copy_from_slice(&probs[h * visible.len()..(h + 1) * visible.len()]);
-                }
+            for h in 0..self.n_head {
+                let row = &mut all_probs[(h * n + i) * n_kv..(h * n + i + 1) * n_kv];
+                row[visible.clone()]
+                    .copy_from_slice(&probs[h * visible.len()..(h + 1) * visible.len()]);
             }
         }
-        w.wo.matmul(&attn, out);
-
-        if obs.enabled() {
-            obs.observe(&format!("Qcur-{layer}"), &[n, self.n_head, hd], &q);
-            obs.observe(&format!("Kcur-{layer}"), &[n, self.n_head_kv, hd], &k);
-            obs.observe(&format!("Vcur-{layer}"), &[n, self.n_head_kv, hd], &v);
-            obs.observe(
-                &format!("kq_soft_max-{layer}"),
-                &[self.n_head, n, n_kv],
-                &all_probs,
-            );
-            obs.observe(&format!("kqv_out-{layer}"), &[n, qd], &attn);
-            obs.observe(
-                &format!("attn_out-{layer}"),
-                &[n, out.len() / n.max(1)],
-                out,
-            );
-        }
+        obs.observe(
+            &format!("kq_soft_max-{layer}"),
+            &[self.n_head, n, n_kv],
+            &all_probs,
+        );
     }
 }
-// ANCHOR_END: forward
 
 /// Reserve room in `kv` for every sequence of a batch (positions must follow what is stored).
 pub fn reserve_batch<K: KvStore>(kv: &mut K, tokens: &[TokenPos]) -> Result<(), KvError> {
-    let mut spans: Vec<(usize, usize, usize)> = Vec::new(); // (seq, first pos, end pos)
+    reserve_batch_with(kv, tokens, &mut Vec::new())
+}
+
+/// [`reserve_batch`] with the list of spans kept by the caller, so it is not allocated anew.
+pub fn reserve_batch_with<K: KvStore>(
+    kv: &mut K,
+    tokens: &[TokenPos],
+    spans: &mut Vec<(usize, usize, usize)>, // (seq, first pos, end pos)
+) -> Result<(), KvError> {
+    spans.clear();
     for t in tokens {
         match spans.iter_mut().find(|s| s.0 == t.seq) {
             Some(s) => {
@@ -276,7 +330,7 @@ pub fn reserve_batch<K: KvStore>(kv: &mut K, tokens: &[TokenPos]) -> Result<(), 
             None => spans.push((t.seq, t.pos, t.pos + 1)),
         }
     }
-    for (seq, lo, hi) in spans {
+    for &(seq, lo, hi) in spans.iter() {
         kv.reserve(seq, lo..hi)?;
     }
     Ok(())

@@ -10,8 +10,9 @@ use std::fmt;
 use std::ops::Range;
 
 // ANCHOR: traits
-/// Read access to the stored keys and values of one layer of one sequence.
-pub trait KvView {
+/// Read access to the stored keys and values of one layer of one sequence. `Sync`, so that
+/// several threads may read one view at once (chapter 8 spreads attention over threads).
+pub trait KvView: Sync {
     /// Key of position `pos`, all KV heads: `(n_head_kv, head_dim)` flattened.
     fn key(&self, pos: usize) -> &[f32];
     /// Value of position `pos`, all KV heads: `(n_head_kv, head_dim)` flattened.
@@ -20,6 +21,20 @@ pub trait KvView {
     /// sliding window).
     fn first(&self) -> usize {
         0
+    }
+    /// Keys of positions `pos..pos + k` as one slice `(k, n_head_kv * head_dim)`, for some
+    /// `1 <= k <= max` (`max >= 1`): as many as the store keeps side by side. A fast attention
+    /// reads keys a run at a time instead of one call per position; by default a run is one
+    /// position.
+    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
+        let _ = max;
+        self.key(pos)
+    }
+    /// Values of positions `pos..pos + k`, `k` as [`KvView::key_run`] gives for the same
+    /// arguments.
+    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
+        let _ = max;
+        self.value(pos)
     }
 }
 
@@ -120,6 +135,14 @@ impl KvView for VecKvView<'_> {
     }
     fn value(&self, pos: usize) -> &[f32] {
         &self.v[pos * self.kv_dim..(pos + 1) * self.kv_dim]
+    }
+    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
+        let end = (pos + max).min(self.k.len() / self.kv_dim);
+        &self.k[pos * self.kv_dim..end * self.kv_dim]
+    }
+    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
+        let end = (pos + max).min(self.v.len() / self.kv_dim);
+        &self.v[pos * self.kv_dim..end * self.kv_dim]
     }
 }
 

@@ -7,6 +7,6 @@ use ch04::{DenseLoader, Model, Uncached};
 fn main() {
     ch04::cli::main(
         |file| Ok(Model::load(file, &DenseLoader)?),
-        |model, _| Box::new(Uncached { model }),
+        |model, _| Box::new(Uncached::new(model)),
     );
 }

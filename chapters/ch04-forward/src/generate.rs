@@ -6,6 +6,7 @@
 //! sequence for every new token — O(n²) work for n tokens, deliberately: chapter 5 adds a
 //! session with a KV cache that computes only the new token, and the loop does not change.
 
+use crate::compute::Scratch;
 use crate::model::{Batch, ForwardError, Model};
 use crate::sampling::{Sampler, SamplerParams};
 use ch02::{StreamDecoder, Tokenizer};
@@ -15,8 +16,9 @@ use std::time::{Duration, Instant};
 /// Computes next-token logits for a growing sequence.
 pub trait Session {
     /// Logits `(vocab)` of the token after `tokens`. The last `n_new` of `tokens` are new since
-    /// the previous call (all of them on the first call).
-    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<Vec<f32>, ForwardError>;
+    /// the previous call (all of them on the first call). The slice lives in the session's own
+    /// buffers until the next call, so a decode step allocates nothing.
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError>;
 }
 
 // ANCHOR: uncached
@@ -24,15 +26,26 @@ pub trait Session {
 /// away afterwards.
 pub struct Uncached<'m> {
     pub model: &'m Model,
+    scratch: Scratch,
+}
+
+impl<'m> Uncached<'m> {
+    pub fn new(model: &'m Model) -> Uncached<'m> {
+        Uncached {
+            model,
+            scratch: Scratch::default(),
+        }
+    }
 }
 
 impl Session for Uncached<'_> {
-    fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<Vec<f32>, ForwardError> {
+    fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<&[f32], ForwardError> {
         let mut kv = self.model.new_kv();
-        self.model.forward(
+        self.model.forward_with(
             &Batch::sequence(0, tokens, 0, false),
             &mut kv,
             &mut NoObserver,
+            &mut self.scratch,
         )
     }
 }
@@ -184,7 +197,7 @@ pub fn generate(
             decode += t0.elapsed();
             decode_calls += 1;
         }
-        let next = sampler.sample(&logits, &tokens);
+        let next = sampler.sample(logits, &tokens);
         ids.push(next);
         if tok.is_eog(next) {
             stop = StopReason::EndOfGeneration;

@@ -1,7 +1,8 @@
 //! The rest of a llama layer: RMSNorm and the SwiGLU feed-forward block.
 
+use crate::compute::Compute;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
-use ch03::{AttentionWeights, Config, GgufFile, Observer};
+use ch03::{AttentionWeights, Config, GgufFile, Observer, Scalar};
 
 // ANCHOR: rms_norm
 /// RMSNorm of every row of `x` (`(n, d)`), scaled by `weight` (`(d)`), into `out` (`(n, d)`):
@@ -39,25 +40,40 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
-    /// `x` is `(n, d_model)`; `out` receives `(n, d_model)`.
-    pub fn forward(&self, layer: usize, x: &[f32], obs: &mut dyn Observer, out: &mut [f32]) {
+    /// `x` is `(n, d_model)`; `out` receives `(n, d_model)`. The gate runs through `ops`;
+    /// `gate` and `up` are buffers reused from call to call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with(
+        &self,
+        ops: &dyn Compute,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        layer: usize,
+        x: &[f32],
+        obs: &mut dyn Observer,
+        out: &mut [f32],
+    ) {
         let n_ff = self.gate.rows();
         let n = x.len() / self.gate.cols();
-        let mut gate = vec![0.0; n * n_ff]; // (n, n_ff)
-        let mut up = vec![0.0; n * n_ff]; // (n, n_ff)
-        self.gate.matmul(x, &mut gate);
-        self.up.matmul(x, &mut up);
+        gate.resize(n * n_ff, 0.0); // (n, n_ff)
+        up.resize(n * n_ff, 0.0); // (n, n_ff)
+        self.gate.matmul(x, gate);
+        self.up.matmul(x, up);
         if obs.enabled() {
-            obs.observe(&format!("ffn_gate-{layer}"), &[n, n_ff], &gate);
-            obs.observe(&format!("ffn_up-{layer}"), &[n, n_ff], &up);
+            obs.observe(&format!("ffn_gate-{layer}"), &[n, n_ff], gate);
+            obs.observe(&format!("ffn_up-{layer}"), &[n, n_ff], up);
         }
-        for (g, u) in gate.iter_mut().zip(&up) {
-            *g = silu(*g) * u;
-        }
+        ops.swiglu(gate, up);
         if obs.enabled() {
-            obs.observe(&format!("ffn_swiglu-{layer}"), &[n, n_ff], &gate);
+            obs.observe(&format!("ffn_swiglu-{layer}"), &[n, n_ff], gate);
         }
-        self.down.matmul(&gate, out);
+        self.down.matmul(gate, out);
+    }
+
+    /// [`FeedForward::forward_with`] on the scalar reference, with buffers of its own.
+    pub fn forward(&self, layer: usize, x: &[f32], obs: &mut dyn Observer, out: &mut [f32]) {
+        let (mut gate, mut up) = (Vec::new(), Vec::new());
+        self.forward_with(&Scalar, &mut gate, &mut up, layer, x, obs, out);
     }
 }
 // ANCHOR_END: ffn

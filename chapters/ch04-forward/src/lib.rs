@@ -2,6 +2,9 @@
 //!
 //! What this chapter adds to chapter 3:
 //! - [`layer`]: RMSNorm, the SwiGLU feed-forward block, one transformer block's weights.
+//! - [`compute`]: [`Compute`], chapter 3's compute seam extended with RMSNorm, the SwiGLU gate
+//!   and the residual add (their scalar code is the default), and [`Scratch`], the buffers a
+//!   forward pass reuses so that a decode step allocates nothing.
 //! - [`model`]: token embeddings, the stack of blocks with their residual connections, the
 //!   final norm and the output projection (tied to the embeddings when the file has no
 //!   `output.weight`), and [`Model::forward`] over a [`Batch`] of tokens.
@@ -18,11 +21,13 @@
 //! quantized through the same [`ch03::MatrixLoader`] trait.
 
 pub mod cli;
+pub mod compute;
 pub mod generate;
 pub mod layer;
 pub mod model;
 pub mod sampling;
 
+pub use compute::{Compute, Scratch};
 pub use generate::{GenParams, Generation, Session, StopFilter, StopReason, Uncached, generate};
 pub use model::{Batch, ForwardError, Model, Weights};
 pub use sampling::{Sampler, SamplerParams};

@@ -1,11 +1,13 @@
 //! The model: embeddings, the stack of transformer blocks, the final norm and the output
 //! projection, and a forward pass over a batch of tokens.
 
-use crate::layer::{LayerWeights, rms_norm};
-use ch03::attention::reserve_batch;
+use crate::compute::{Compute, Scratch};
+use crate::layer::LayerWeights;
+use ch03::attention::reserve_batch_with;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
 use ch03::{Attention, Config, GgufFile, KvError, KvStore, Observer, TokenPos};
 use std::fmt;
+use std::sync::Arc;
 
 /// All weights of a llama model.
 pub struct Weights {
@@ -21,6 +23,9 @@ pub struct Model {
     pub config: Config,
     pub attention: Attention,
     pub weights: Weights,
+    /// How the non-product work runs: the scalar reference unless a later chapter hands in
+    /// its own ([`Model::with_compute`]).
+    pub compute: Arc<dyn Compute>,
 }
 
 /// The tokens of one forward pass: which sequence each belongs to, at which position, and
@@ -43,6 +48,22 @@ impl Batch {
             at: TokenPos::run(seq, start, n),
             logits: (0..n).map(|i| all_logits || i + 1 == n).collect(),
         }
+    }
+
+    /// Make this batch `tokens` of `seq` at `start..`, as [`Batch::sequence`] does, reusing
+    /// its buffers.
+    pub fn set_sequence(&mut self, seq: usize, tokens: &[u32], start: usize, all_logits: bool) {
+        self.clear();
+        for (i, &t) in tokens.iter().enumerate() {
+            self.push(t, seq, start + i, all_logits || i + 1 == tokens.len());
+        }
+    }
+
+    /// Remove every token (keeps the buffers).
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.at.clear();
+        self.logits.clear();
     }
 
     /// Append one token.
@@ -137,7 +158,14 @@ impl Model {
             config,
             attention,
             weights,
+            compute: Arc::new(ch03::Scalar),
         })
+    }
+
+    /// The same model with its non-product work run by `compute`.
+    pub fn with_compute(mut self, compute: Arc<dyn Compute>) -> Model {
+        self.compute = compute;
+        self
     }
 
     /// The output projection: `output.weight`, or the token embeddings when tied.
@@ -178,78 +206,91 @@ impl Model {
         Ok(())
     }
 
-    // ANCHOR: forward
     /// Run the model on `batch`, keeping keys and values in `kv`. Returns the logits of the
-    /// tokens whose `logits` flag is set, in batch order: `(n_out, vocab)`.
+    /// tokens whose `logits` flag is set, in batch order: `(n_out, vocab)`. Allocates its
+    /// buffers: a session calls [`Model::forward_with`] with buffers it keeps.
     pub fn forward<K: KvStore>(
         &self,
         batch: &Batch,
         kv: &mut K,
         obs: &mut dyn Observer,
     ) -> Result<Vec<f32>, ForwardError> {
+        let mut s = Scratch::default();
+        self.forward_with(batch, kv, obs, &mut s)?;
+        Ok(std::mem::take(&mut s.logits))
+    }
+
+    // ANCHOR: forward
+    /// [`Model::forward`] with the activations in `s`: the logits are `s.logits` afterwards,
+    /// and the returned slice. Once `s` has seen a batch this large, nothing is allocated.
+    pub fn forward_with<'s, K: KvStore>(
+        &self,
+        batch: &Batch,
+        kv: &mut K,
+        obs: &mut dyn Observer,
+        s: &'s mut Scratch,
+    ) -> Result<&'s [f32], ForwardError> {
         self.check(batch)?;
-        reserve_batch(kv, &batch.at)?;
-        let cfg = &self.config;
+        reserve_batch_with(kv, &batch.at, &mut s.attn.spans)?;
+        let (cfg, ops) = (&self.config, &*self.compute);
         let (n, d) = (batch.len(), cfg.d_model);
 
-        let mut x = vec![0.0; n * d]; // (n, d_model): the residual stream
+        s.x.resize(n * d, 0.0); // (n, d_model): the residual stream
+        s.h.resize(n * d, 0.0); // (n, d_model): normalised input of a sub-block
+        s.y.resize(n * d, 0.0); // (n, d_model): output of a sub-block
+        let (x, h, y) = (&mut s.x, &mut s.h, &mut s.y);
         for (row, &t) in x.chunks_exact_mut(d).zip(&batch.tokens) {
             self.weights.token_embd.get_row(t as usize, row);
         }
-        let mut h = vec![0.0; n * d]; // (n, d_model): normalised input of a sub-block
-        let mut y = vec![0.0; n * d]; // (n, d_model): output of a sub-block
         for (l, w) in self.weights.layers.iter().enumerate() {
-            rms_norm(&x, &w.attn_norm, cfg.rms_norm_eps, &mut h);
+            ops.rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, h);
             if obs.enabled() {
-                obs.observe(&format!("attn_norm-{l}"), &[n, d], &h);
+                obs.observe(&format!("attn_norm-{l}"), &[n, d], h);
             }
             self.attention
-                .forward(&w.attn, l, &h, &batch.at, kv, obs, &mut y);
-            add(&mut x, &y); // residual connection
+                .forward_with(ops, &mut s.attn, &w.attn, l, h, &batch.at, kv, obs, y);
+            ops.add(x, y); // residual connection
             if obs.enabled() {
-                obs.observe(&format!("ffn_inp-{l}"), &[n, d], &x);
+                obs.observe(&format!("ffn_inp-{l}"), &[n, d], x);
             }
-            rms_norm(&x, &w.ffn_norm, cfg.rms_norm_eps, &mut h);
+            ops.rms_norm(x, &w.ffn_norm, cfg.rms_norm_eps, h);
             if obs.enabled() {
-                obs.observe(&format!("ffn_norm-{l}"), &[n, d], &h);
+                obs.observe(&format!("ffn_norm-{l}"), &[n, d], h);
             }
-            w.ffn.forward(l, &h, obs, &mut y);
+            w.ffn
+                .forward_with(ops, &mut s.gate, &mut s.up, l, h, obs, y);
             if obs.enabled() {
-                obs.observe(&format!("ffn_out-{l}"), &[n, d], &y);
+                obs.observe(&format!("ffn_out-{l}"), &[n, d], y);
             }
-            add(&mut x, &y); // residual connection
+            ops.add(x, y); // residual connection
             if obs.enabled() {
-                obs.observe(&format!("l_out-{l}"), &[n, d], &x);
+                obs.observe(&format!("l_out-{l}"), &[n, d], x);
             }
         }
 
         // Only the rows whose logits are wanted go through the final norm and the output
         // projection, which is the largest matrix of this model (vocab × d_model).
-        let rows: Vec<usize> = (0..n).filter(|&i| batch.logits[i]).collect();
-        let mut sel = Vec::with_capacity(rows.len() * d); // (n_out, d_model)
-        for &i in &rows {
-            sel.extend_from_slice(&x[i * d..(i + 1) * d]);
+        s.rows.clear();
+        s.rows.extend((0..n).filter(|&i| batch.logits[i]));
+        let n_out = s.rows.len();
+        s.sel.clear(); // (n_out, d_model)
+        for &i in &s.rows {
+            s.sel.extend_from_slice(&x[i * d..(i + 1) * d]);
         }
-        let mut normed = vec![0.0; sel.len()]; // (n_out, d_model)
-        rms_norm(
-            &sel,
+        s.normed.resize(n_out * d, 0.0); // (n_out, d_model)
+        ops.rms_norm(
+            &s.sel,
             &self.weights.output_norm,
             cfg.rms_norm_eps,
-            &mut normed,
+            &mut s.normed,
         );
-        let mut logits = vec![0.0; rows.len() * cfg.vocab_size]; // (n_out, vocab)
-        self.output().matmul(&normed, &mut logits);
+        s.logits.resize(n_out * cfg.vocab_size, 0.0); // (n_out, vocab)
+        self.output().matmul(&s.normed, &mut s.logits);
         if obs.enabled() {
-            obs.observe("result_norm", &[rows.len(), d], &normed);
-            obs.observe("result_output", &[rows.len(), cfg.vocab_size], &logits);
+            obs.observe("result_norm", &[n_out, d], &s.normed);
+            obs.observe("result_output", &[n_out, cfg.vocab_size], &s.logits);
         }
-        Ok(logits)
+        Ok(&s.logits)
     }
     // ANCHOR_END: forward
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
 }

@@ -173,7 +173,7 @@ fn the_generation_loop_produces_llama_cpp_tokens() {
         stop: vec![],
     };
     let mut streamed = String::new();
-    let g = generate(&mut Uncached { model }, tok, &prompt, &params, &mut |s| {
+    let g = generate(&mut Uncached::new(model), tok, &prompt, &params, &mut |s| {
         streamed.push_str(s)
     })
     .unwrap();

@@ -22,7 +22,7 @@ fn token_n(c: &mut Criterion) {
     for n in [8usize, 32, 128] {
         let seq = &tokens[..n];
         // Validate before timing: both ways give the same logits for token n.
-        let uncached = Uncached { model: &model }.next_logits(seq, n).unwrap();
+        let uncached = Uncached::new(&model).next_logits(seq, n).unwrap().to_vec();
         let kv = ContiguousCache::new(
             model.config.n_layer,
             model.attention.kv_dim(),
@@ -31,14 +31,15 @@ fn token_n(c: &mut Criterion) {
         );
         let mut cached = Cached::new(&model, kv, 256);
         cached.next_logits(&seq[..n - 1], n - 1).unwrap();
-        let last = cached.next_logits(seq, 1).unwrap();
+        let last = cached.next_logits(seq, 1).unwrap().to_vec();
         assert_eq!(
             uncached, last,
             "cached and uncached logits differ at n = {n}"
         );
 
         g.bench_with_input(BenchmarkId::new("uncached", n), &n, |b, _| {
-            b.iter(|| black_box(Uncached { model: &model }.next_logits(seq, n).unwrap()))
+            let mut session = Uncached::new(&model);
+            b.iter(|| black_box(session.next_logits(seq, n).unwrap()[0]))
         });
         g.bench_with_input(BenchmarkId::new("cached", n), &n, |b, _| {
             b.iter(|| {

@@ -102,6 +102,24 @@ impl KvView for ContiguousView<'_> {
     fn first(&self) -> usize {
         self.cache.len.saturating_sub(self.cache.capacity)
     }
+    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
+        let (s, k) = self.run(pos, max);
+        &self.cache.k[s..s + k * self.cache.kv_dim]
+    }
+    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
+        let (s, k) = self.run(pos, max);
+        &self.cache.v[s..s + k * self.cache.kv_dim]
+    }
+}
+
+impl ContiguousView<'_> {
+    /// Where the run of positions from `pos` starts, and its length: up to `max` positions,
+    /// but not past the end of the ring (a sliding window wraps around).
+    fn run(&self, pos: usize, max: usize) -> (usize, usize) {
+        let c = self.cache;
+        let k = max.min(c.capacity - pos % c.capacity).max(1);
+        (c.slot(self.layer, pos), k)
+    }
 }
 
 impl KvStore for ContiguousCache {

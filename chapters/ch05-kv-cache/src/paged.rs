@@ -217,6 +217,25 @@ impl KvView for PagedView<'_> {
         );
         &c.v[o..o + c.kv_dim]
     }
+    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
+        let (o, k) = self.run(pos, max);
+        &self.cache.k[o..o + k * self.cache.kv_dim]
+    }
+    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
+        let (o, k) = self.run(pos, max);
+        &self.cache.v[o..o + k * self.cache.kv_dim]
+    }
+}
+
+impl PagedView<'_> {
+    /// Where the run of positions from `pos` starts, and its length: up to `max` positions,
+    /// but not past the end of `pos`'s block.
+    fn run(&self, pos: usize, max: usize) -> (usize, usize) {
+        let c = self.cache;
+        let row = pos % c.block_size;
+        let o = c.offset(self.blocks[pos / c.block_size], self.layer, row);
+        (o, max.min(c.block_size - row).max(1))
+    }
 }
 
 // ANCHOR: reserve

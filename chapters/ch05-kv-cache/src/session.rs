@@ -1,7 +1,7 @@
 //! Generation with a KV cache: each step runs the model on the new tokens only.
 
 use ch04::ch03::{KvStore, NoObserver};
-use ch04::{Batch, ForwardError, Model, Session};
+use ch04::{Batch, ForwardError, Model, Scratch, Session};
 
 // ANCHOR: session
 /// A [`Session`] that keeps keys and values in `kv` between calls, so each call computes only
@@ -13,6 +13,9 @@ pub struct Cached<'m, K: KvStore> {
     /// Positions already in `kv` for sequence 0.
     pub n_past: usize,
     pub chunk: usize,
+    /// The batch and the activations, kept from call to call: a decode step allocates nothing.
+    batch: Batch,
+    scratch: Scratch,
 }
 
 impl<'m> Cached<'m, crate::ContiguousCache> {
@@ -37,12 +40,21 @@ impl<'m, K: KvStore> Cached<'m, K> {
             kv,
             n_past: 0,
             chunk: chunk.max(1),
+            batch: Batch::default(),
+            scratch: Scratch::default(),
         }
     }
 }
 
+impl<K: KvStore> Cached<'_, K> {
+    /// The logits of the last call.
+    pub fn logits(&self) -> &[f32] {
+        &self.scratch.logits
+    }
+}
+
 impl<K: KvStore> Session for Cached<'_, K> {
-    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<Vec<f32>, ForwardError> {
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError> {
         let start = tokens.len() - n_new;
         if start != self.n_past {
             return Err(ForwardError::Kv(ch04::KvError::Gap {
@@ -51,18 +63,23 @@ impl<K: KvStore> Session for Cached<'_, K> {
                 start,
             }));
         }
-        let mut logits = Vec::new();
         for (i, chunk) in tokens[start..].chunks(self.chunk).enumerate() {
             let pos = start + i * self.chunk;
+            // Only the prompt's last token needs logits.
             let last = pos + chunk.len() == tokens.len();
-            let mut batch = Batch::sequence(0, chunk, pos, false);
+            self.batch.set_sequence(0, chunk, pos, false);
             if !last {
-                batch.logits.fill(false); // only the prompt's last token needs logits
+                self.batch.logits.fill(false);
             }
-            logits = self.model.forward(&batch, &mut self.kv, &mut NoObserver)?;
+            self.model.forward_with(
+                &self.batch,
+                &mut self.kv,
+                &mut NoObserver,
+                &mut self.scratch,
+            )?;
             self.n_past = pos + chunk.len();
         }
-        Ok(logits)
+        Ok(&self.scratch.logits)
     }
 }
 // ANCHOR_END: session

@@ -58,7 +58,7 @@ fn run(session: &mut dyn Session, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
     let (mut out, mut all) = (Vec::new(), Vec::new());
     let mut n_new = prompt.len();
     for _ in 0..STEPS {
-        let logits = session.next_logits(&tokens, n_new).unwrap();
+        let logits = session.next_logits(&tokens, n_new).unwrap().to_vec();
         let next = argmax(&logits) as u32;
         all.push(logits);
         out.push(next);
@@ -86,9 +86,10 @@ fn cached_logits_equal_uncached_at_every_step() {
         .unwrap();
     let vocab = model.config.vocab_size;
     let row = |step: usize| &uncached[(prompt.len() - 1 + step) * vocab..][..vocab];
-    let real = ch05::Uncached { model }
+    let real = ch05::Uncached::new(model)
         .next_logits(&all[..prompt.len() + 3], 1)
-        .unwrap();
+        .unwrap()
+        .to_vec();
     assert_close(
         "uncached session, step 3",
         &[vocab],

@@ -57,10 +57,10 @@ struct Recording<S> {
 }
 
 impl<S: Session> Session for Recording<S> {
-    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<Vec<f32>, ForwardError> {
-        let l = self.inner.next_logits(tokens, n_new)?;
-        self.logits.push(l.clone());
-        Ok(l)
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError> {
+        let l = self.inner.next_logits(tokens, n_new)?.to_vec();
+        self.logits.push(l);
+        Ok(self.logits.last().expect("just pushed"))
     }
 }
 

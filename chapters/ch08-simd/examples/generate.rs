@@ -17,6 +17,10 @@ struct Cli {
     /// Keep the file's row layout (no interleaving for the micro-kernel).
     #[arg(long)]
     no_pack: bool,
+    /// Run attention, norms and SwiGLU with chapters 3 and 4's scalar reference code instead of
+    /// this chapter's vector kernels on the pool (to measure what they buy).
+    #[arg(long)]
+    scalar_compute: bool,
 }
 
 fn main() {
@@ -27,9 +31,13 @@ fn main() {
     let result = cli::run(
         args,
         |file| {
-            let model = Model::load(file, &loader)?;
+            let mut model = Model::load(file, &loader)?;
+            if !cli.scalar_compute {
+                model = model.with_compute(loader.compute());
+            }
             if !args.json {
                 eprintln!("{}", loader.describe());
+                eprintln!("{}", model.compute.describe());
                 eprintln!("matrices: {}", summary(&model));
             }
             Ok(model)

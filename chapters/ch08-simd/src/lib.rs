@@ -11,18 +11,21 @@
 //! - [`pool`]: a persistent spin-then-sleep thread pool for products of a few microseconds, and
 //!   rayon behind the same [`Parallel`] trait for comparison;
 //! - [`matrix`]: [`FastMatrix`], chapter 3's `Matrix` on all of the above, and [`FastLoader`],
-//!   the `MatrixLoader` that makes one from each tensor.
+//!   the `MatrixLoader` that makes one from each tensor;
+//! - [`compute`]: [`SimdCompute`], chapter 4's `Compute` seam — tiled attention with an online
+//!   softmax (split over keys when decoding), RMSNorm, SwiGLU and the residual add — with
+//!   vector kernels on the same pool, so the whole layer is fast, not only its products.
 //!
-//! Left for later: attention and the other per-token work of the forward pass still run on
-//! one thread with chapter 3's scalar code; weights are copied out of the file instead of mapped
-//! (chapter 10).
+//! Left for later: weights are copied out of the file instead of mapped (chapter 10).
 
+pub mod compute;
 pub mod gemm;
 pub mod kernels;
 pub mod matrix;
 pub mod pool;
 pub mod simd;
 
+pub use compute::SimdCompute;
 pub use matrix::{FastLoader, FastMatrix};
 pub use pool::{Parallel, PoolKind, RayonPool, SpinPool, new_pool};
 

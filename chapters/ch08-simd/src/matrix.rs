@@ -238,9 +238,11 @@ impl<S: AsRef<[u8]> + Send + Sync> Matrix for FastMatrix<S> {
             Store::Rows(q) => q.get_row(r, out),
             Store::Packed(p) => {
                 let t = type_traits(self.ty).expect("packed types have traits");
-                let mut row = vec![0u8; self.cols / t.block_size * t.type_size];
-                p.row_blocks(r, &mut row);
-                (t.to_float)(&row, out);
+                ROW.with_borrow_mut(|row| {
+                    row.resize(self.cols / t.block_size * t.type_size, 0);
+                    p.row_blocks(r, row);
+                    (t.to_float)(row, out);
+                });
             }
         }
     }
@@ -281,6 +283,15 @@ impl FastLoader {
             if self.pack { "" } else { ", rows not packed" },
             self.kernels.describe()
         )
+    }
+
+    /// The rest of the layer on the same kernels' instruction set and the same pool: give it
+    /// to [`Model::with_compute`](crate::Model::with_compute).
+    pub fn compute(&self) -> Arc<dyn crate::ch04::Compute> {
+        Arc::new(crate::compute::SimdCompute::new(
+            &self.kernels,
+            self.pool.clone(),
+        ))
     }
 
     /// A matrix over `data` (rows of `info`'s type): how chapter 10 hands in mapped bytes.

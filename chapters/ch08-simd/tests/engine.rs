@@ -38,6 +38,15 @@ const TIE_MARGIN: f32 = 0.4;
 /// At most this fraction of greedy steps may disagree within the margin.
 const MAX_TIE_FRACTION: f64 = 0.05;
 
+/// `SimdCompute` vs the scalar reference on f32 weights, logits: the attention, norms and
+/// SwiGLU outputs differ by ~1e-6 relative (see `tests/compute.rs`), and 30 layers carry that
+/// to logits of size ~10–20 (observed 2.9e-5); without quantized activations no code flips.
+/// A wrong mask, scale, head mapping or split merge gives errors of order 1.
+const SIMD_COMPUTE_VS_SCALAR: Tolerance = Tolerance {
+    abs: 2e-4,
+    rel: 1e-5,
+};
+
 /// Fast path vs chapter 6 when every matrix is packed: the same operations in the same order.
 const PACKED_VS_SCALAR: Tolerance = Tolerance::EXACT;
 /// The same model, prefill vs decode, or any number of threads: every (row, token) product is
@@ -139,6 +148,7 @@ fn the_fast_path_matches_llama_cpp() {
     for name in ["Q4_1", "Q4_K_M"] {
         let v = &json["variants"][name];
         assert!(v.is_object(), "quant/variants.json has no variant {name}");
+        // The whole fast path: chapter 8's matrices and its `SimdCompute` for the rest.
         let model = if v["quantized_here"] == serde_json::Value::Bool(true) {
             let requant = FastRequant {
                 fast: fast.clone(),
@@ -147,7 +157,8 @@ fn the_fast_path_matches_llama_cpp() {
             Model::load(&file, &requant).unwrap()
         } else {
             Model::load(&file, &fast).unwrap()
-        };
+        }
+        .with_compute(fast.compute());
         let vocab = model.config.vocab_size;
         let prompt = ids(&v["prompt_ids"]);
         let cont = ids(&v["continuation"]["ids"]);
@@ -259,6 +270,69 @@ fn fast_logits_equal_chapter_6s_for_any_threads() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn simd_compute_matches_the_scalar_reference_on_f32_weights() {
+    // f32 weights (chapter 3's dense loader, dequantizing the file): no activation is
+    // quantized, so the difference between the two computes is not hidden behind code flips.
+    let file = model_file();
+    let tokens = prompt(&file);
+    let scalar = Model::load(&file, &ch08::DenseLoader).unwrap();
+    let (n_layer, kv_dim, vocab) = (
+        scalar.config.n_layer,
+        scalar.attention.kv_dim(),
+        scalar.config.vocab_size,
+    );
+    let want = all_logits(&scalar, &tokens);
+    // Decode steps after the prompt too: with 2 threads one query row splits its keys, and
+    // the split results are merged.
+    let decode = |model: &Model| {
+        let mut kv = ContiguousCache::new(n_layer, kv_dim, 64, Overflow::Error);
+        let (head, tail) = tokens.split_at(tokens.len() - 4);
+        model
+            .forward(
+                &Batch::sequence(0, head, 0, false),
+                &mut kv,
+                &mut NoObserver,
+            )
+            .unwrap();
+        let mut out = Vec::new();
+        for (i, &t) in tail.iter().enumerate() {
+            let b = Batch::sequence(0, &[t], head.len() + i, true);
+            out.extend(model.forward(&b, &mut kv, &mut NoObserver).unwrap());
+        }
+        out
+    };
+    let want_decode = decode(&scalar);
+    let kernels = KernelSet::detect();
+    let mut model = scalar;
+    for pool in [
+        Arc::new(SpinPool::new(1)) as Arc<dyn Parallel>,
+        Arc::new(SpinPool::new(2)),
+    ] {
+        model = model.with_compute(Arc::new(ch08::SimdCompute::new(&kernels, pool.clone())));
+        let what = format!("{:?} kernels, {}", kernels.isa, pool.describe());
+        let got = all_logits(&model, &tokens);
+        let r = assert_close(
+            &format!("prefill logits, {what}"),
+            &[tokens.len(), vocab],
+            &got,
+            &want,
+            SIMD_COMPUTE_VS_SCALAR,
+        );
+        let d = assert_close(
+            &format!("decode logits, {what}"),
+            &[4, vocab],
+            &decode(&model),
+            &want_decode,
+            SIMD_COMPUTE_VS_SCALAR,
+        );
+        eprintln!(
+            "SimdCompute vs scalar, {what}: max |Δlogit| {:.2e} (prefill), {:.2e} (decode)",
+            r.max_abs, d.max_abs
+        );
     }
 }
 

@@ -33,7 +33,8 @@ impl<'m> PrefixSession<'m> {
         );
         PrefixSession {
             inner: Cached::new(model, kv, 256),
-            tokens: Vec::new(),
+            // Never more than the cache holds: reserved, so that decoding does not reallocate.
+            tokens: Vec::with_capacity(n_ctx),
         }
     }
 
@@ -56,17 +57,20 @@ impl<'m> PrefixSession<'m> {
 }
 
 impl Session for PrefixSession<'_> {
-    fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<Vec<f32>, ForwardError> {
+    fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<&[f32], ForwardError> {
         let keep = self.reusable(tokens);
         self.inner.kv.truncate(keep);
         self.inner.n_past = keep;
         self.tokens.truncate(keep);
-        let result = self.inner.next_logits(tokens, tokens.len() - keep);
+        let result = self
+            .inner
+            .next_logits(tokens, tokens.len() - keep)
+            .map(|_| ());
         // On an error part of the new tokens may be in the cache (prefill runs in chunks);
         // `n_past` says how many.
         self.tokens
             .extend_from_slice(&tokens[keep..self.inner.n_past]);
-        result
+        result.map(|()| self.inner.logits())
     }
 }
 // ANCHOR_END: prefix_session

@@ -158,7 +158,10 @@ fn build<O: AsRef<[u8]> + Send + Sync + 'static>(
     bytes: SharedBytes<O>,
     fast: FastLoader,
 ) -> Result<(Model, Gguf), Box<dyn Error>> {
-    let model = Model::load(&file, &ViewLoader::new(bytes, fast)).map_err(|e| in_file(path, e))?;
+    let compute = fast.compute();
+    let model = Model::load(&file, &ViewLoader::new(bytes, fast))
+        .map_err(|e| in_file(path, e))?
+        .with_compute(compute);
     Ok((model, file.gguf))
 }
 

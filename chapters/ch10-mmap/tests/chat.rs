@@ -61,8 +61,9 @@ fn a_second_turn_reuses_the_first_and_computes_the_same_logits() {
     let reused = chat.session.next_logits(&ids, ids.len()).unwrap();
     let fresh = PrefixSession::new(&e.model, 256)
         .next_logits(&ids, ids.len())
-        .unwrap();
-    assert_eq!(bits(&reused), bits(&fresh));
+        .unwrap()
+        .to_vec();
+    assert_eq!(bits(reused), bits(&fresh));
     assert_eq!(chat.session.cached(), &ids[..]);
 }
 
@@ -78,11 +79,12 @@ fn the_cache_follows_any_sequence_and_survives_a_full_cache() {
     // A sequence that diverges at index 2 keeps two tokens.
     let b = [1u32, 2, 9, 9];
     assert_eq!(s.reusable(&b), 2);
-    let got = s.next_logits(&b, 1).unwrap();
+    let got = s.next_logits(&b, 1).unwrap().to_vec();
     assert_eq!(s.cached(), &b);
     let want = PrefixSession::new(&e.model, 8)
         .next_logits(&b, b.len())
-        .unwrap();
+        .unwrap()
+        .to_vec();
     assert_eq!(bits(&got), bits(&want));
     // Past the capacity: an error, and the session still knows what its cache holds.
     let long: Vec<u32> = (1..=12).collect();
@@ -90,9 +92,10 @@ fn the_cache_follows_any_sequence_and_survives_a_full_cache() {
     assert!(err.to_string().contains('8'), "{err}");
     // The whole batch was refused before anything was written: only the kept prefix remains.
     assert_eq!(s.cached(), &long[..2]);
-    let got = s.next_logits(&a, 1).unwrap();
+    let got = s.next_logits(&a, 1).unwrap().to_vec();
     let want = PrefixSession::new(&e.model, 8)
         .next_logits(&a, a.len())
-        .unwrap();
+        .unwrap()
+        .to_vec();
     assert_eq!(bits(&got), bits(&want));
 }

@@ -26,6 +26,7 @@
 use core::arch::x86_64::*;
 use half::f16;
 
+pub mod act;
 mod float;
 mod k_quants;
 mod legacy;

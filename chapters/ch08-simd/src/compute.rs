@@ -1,0 +1,663 @@
+//! The rest of the layer at SIMD speed, on the thread pool: chapter 4's [`Compute`] seam.
+//!
+//! Once the products are fast, the work between them is what is left: at 2 threads on
+//! SmolLM2-135M, chapter 3's scalar attention, RMSNorm, SwiGLU and the residual adds were a
+//! third of every decoded token and more than half of a prompt, on one thread. [`SimdCompute`]
+//! runs all of it with vector kernels and spreads it over the same pool as the products:
+//!
+//! - **Attention** is tiled, as flash attention does it: a unit of work is the queries of one
+//!   KV head (its whole group of query heads, so each key is read once for all of them) for a
+//!   block of [`Q_ROWS`] query rows, against the keys in tiles of [`KEY_TILE`]. Each tile's
+//!   scores are turned into weights with an *online* softmax — a running maximum `m`, a running
+//!   sum `l` and an output accumulator that is rescaled by `e^(m_old - m_new)` when the maximum
+//!   grows — so the `(n, n_kv)` score matrix is never built, and a 1024-token prompt needs no
+//!   more scratch than a short one.
+//! - **Decode** has one query row, so one unit per KV head: too few for the threads. The keys
+//!   are then also split into ranges (flash-decoding): each unit leaves its partial `(m, l,
+//!   acc)`, and a merge combines them, weighting each by `e^(m_s - M)`.
+//! - **RMSNorm, SwiGLU, the residual add** are vector loops; for a prompt their rows are split
+//!   over the threads. SwiGLU's `e^-x` uses a vector `exp` ([`crate::simd`]).
+//! - **RoPE** is the reference's own code, split over tokens: it is exact and cheap.
+//!
+//! Every kernel is written once, generic over [`F32Simd`] (the lane operations), and compiled
+//! for each instruction set: [`Portable`] (plain Rust, which the compiler vectorises as it can:
+//! the fallback, e.g. on AArch64) and AVX2 with FMA (used by the AVX2 and AVX-512 kernel
+//! sets). Buffers are per thread and reused, so nothing is allocated per token.
+
+use crate::ch04::ch03::{Attention, KvView, RopeTable, TokenPos};
+use crate::ch04::{AttentionOps, Compute};
+use crate::kernels::{Isa, KernelSet};
+use crate::pool::Parallel;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Query rows in one unit of attention work. With SmolLM2's 3 query heads per KV head that is
+/// 24 query vectors (6 KiB), whose scores for one tile of keys (another 6 KiB) stay in L1.
+pub const Q_ROWS: usize = 8;
+/// Keys per tile: the online softmax updates its running max and sum once per tile.
+pub const KEY_TILE: usize = 64;
+/// Units of attention work per thread to aim for, so that a thread that is descheduled for a
+/// moment leaves its share to the others (as the products do).
+const UNITS_PER_THREAD: usize = 4;
+/// Rows (tokens) below which RMSNorm and RoPE run on the calling thread: waking the pool costs
+/// more than the work.
+const PAR_ROWS: usize = 16;
+/// Elements below which SwiGLU and the residual add run on the calling thread.
+const PAR_ELEMS: usize = 1 << 15;
+
+// ANCHOR: f32simd
+/// Lane operations on f32 slices, the building blocks of every kernel here. Implemented by
+/// [`Portable`] and, on x86-64, by AVX2 + FMA.
+///
+/// # Safety
+/// The methods are unsafe because an implementation may use instructions the CPU must have:
+/// call them only from code compiled for, and running on, that instruction set. (This is the
+/// safety contract of every method, hence no section per method.)
+#[allow(clippy::missing_safety_doc)]
+pub trait F32Simd {
+    /// `Σ a_i b_i`.
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// `y += a·x`.
+    unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]);
+    /// `y *= a`.
+    unsafe fn scale(y: &mut [f32], a: f32);
+    /// The largest element (`-inf` for an empty slice).
+    unsafe fn max(x: &[f32]) -> f32;
+    /// `x_i = e^(x_i - m)` in place; returns the sum. `-inf` elements become 0.
+    unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32;
+    /// `g_i = silu(g_i)·u_i`.
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]);
+    /// `Σ x_i²`.
+    unsafe fn sum_squares(x: &[f32]) -> f32;
+    /// `out_i = (x_i·s)·w_i`.
+    unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]);
+    /// `x += y`.
+    unsafe fn add(x: &mut [f32], y: &[f32]);
+
+    /// `s_j = scale·(q · k_j)` for every key row `keys[j]` (each as long as `q`).
+    #[inline(always)]
+    unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+        for (s, k) in s.iter_mut().zip(keys) {
+            *s = unsafe { Self::dot(q, k) } * scale;
+        }
+    }
+    /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]` (each as long as `acc`).
+    #[inline(always)]
+    unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+        for (&p, v) in p.iter().zip(vals) {
+            unsafe { Self::axpy(acc, p, v) };
+        }
+    }
+}
+// ANCHOR_END: f32simd
+
+/// Plain Rust: the fallback on CPUs without a vector set here, and the reference the vector
+/// versions are tested against.
+pub struct Portable;
+
+impl F32Simd for Portable {
+    #[inline(always)]
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        crate::ch04::ch03::matrix::dot(a, b)
+    }
+    #[inline(always)]
+    unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        for (y, x) in y.iter_mut().zip(x) {
+            *y += a * x;
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale(y: &mut [f32], a: f32) {
+        y.iter_mut().for_each(|y| *y *= a);
+    }
+    #[inline(always)]
+    unsafe fn max(x: &[f32]) -> f32 {
+        x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    }
+    #[inline(always)]
+    unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
+        let mut sum = 0.0;
+        for v in x.iter_mut() {
+            *v = (*v - m).exp();
+            sum += *v;
+        }
+        sum
+    }
+    #[inline(always)]
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        for (g, u) in g.iter_mut().zip(u) {
+            *g = crate::ch04::layer::silu(*g) * u;
+        }
+    }
+    #[inline(always)]
+    unsafe fn sum_squares(x: &[f32]) -> f32 {
+        unsafe { Self::dot(x, x) }
+    }
+    #[inline(always)]
+    unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]) {
+        for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
+            *o = (v * s) * w;
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(x: &mut [f32], y: &[f32]) {
+        for (a, b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
+    }
+}
+
+/// Which implementation of [`F32Simd`] the kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F32Isa {
+    Portable,
+    /// x86-64 AVX2 + FMA (every kernel set from AVX2 up has both).
+    Avx2,
+}
+
+impl F32Isa {
+    /// The one a kernel set can run: a set exists only for an instruction set the CPU has.
+    pub fn for_kernels(k: &KernelSet) -> F32Isa {
+        match k.isa {
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni if cfg!(target_arch = "x86_64") => {
+                F32Isa::Avx2
+            }
+            _ => F32Isa::Portable,
+        }
+    }
+}
+
+/// Writes from several threads into disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every user writes disjoint ranges from different threads, and the buffer outlives
+// the pool job that uses it.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+impl Out {
+    /// The pointer (a method, so that a closure captures the whole `Sync` wrapper).
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+
+    /// `len` values at `at`.
+    ///
+    /// # Safety
+    /// `at..at + len` is inside the buffer and no other thread touches it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr().add(at), len) }
+    }
+}
+
+// ANCHOR: attend_unit
+/// What every unit of one attention call shares.
+struct AttendJob<'a> {
+    attn: &'a Attention,
+    q: &'a [f32], // (n, n_head, head_dim)
+    tokens: &'a [TokenPos],
+    kv: &'a dyn KvView,
+    first: usize, // first position the store holds
+}
+
+/// The buffers of a unit, reused from call to call: one per thread of the pool.
+#[derive(Default)]
+struct Tile {
+    s: Vec<f32>,              // (n_qv, KEY_TILE): scores, then weights, of one tile
+    m: Vec<f32>,              // (n_qv): running maximum
+    l: Vec<f32>,              // (n_qv): running sum of weights
+    acc: Vec<f32>,            // (n_qv, head_dim): running weighted sum of values
+    vis: Vec<(usize, usize)>, // (rows): the keys each row sees, within the unit's range
+}
+
+impl Tile {
+    /// Capacity for units of up to `nq` query vectors of `hd` values and `rows` rows, so that
+    /// the unit itself never allocates.
+    fn reserve(&mut self, nq: usize, hd: usize, rows: usize) {
+        fn at_least<T>(v: &mut Vec<T>, n: usize) {
+            v.reserve(n.saturating_sub(v.len()));
+        }
+        at_least(&mut self.s, nq * KEY_TILE);
+        at_least(&mut self.m, nq);
+        at_least(&mut self.l, nq);
+        at_least(&mut self.acc, nq * hd);
+        at_least(&mut self.vis, rows);
+    }
+}
+
+/// Where a unit writes: the final output rows, or its partial `(m, l, acc)` for a merge.
+#[derive(Clone, Copy)]
+enum Dest {
+    /// `out`, `(n, n_head, head_dim)`.
+    Out(Out),
+    /// This split's part of the partials, `(n, n_head, 2 + head_dim)`.
+    Partial(Out),
+}
+
+/// One unit: query heads `kvh·group..(kvh+1)·group` of rows `rows`, against keys `keys`.
+///
+/// # Safety
+/// `S`'s instructions are available; `dst` is valid for this unit's rows and heads, which no
+/// other unit writes.
+#[inline(always)]
+unsafe fn attend_unit<S: F32Simd>(
+    j: &AttendJob,
+    kvh: usize,
+    rows: Range<usize>,
+    keys: Range<usize>,
+    t: &mut Tile,
+    dst: Dest,
+) {
+    let a = j.attn;
+    let (hd, group, qd, kvd) = (a.head_dim, a.n_head / a.n_head_kv, a.q_dim(), a.kv_dim());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (nr, nq) = (rows.len(), rows.len() * group); // query vectors: row-major, heads inner
+    t.s.resize(nq * KEY_TILE, 0.0);
+    t.m.clear();
+    t.m.resize(nq, f32::NEG_INFINITY);
+    t.l.clear();
+    t.l.resize(nq, 0.0);
+    t.acc.clear();
+    t.acc.resize(nq * hd, 0.0);
+    t.vis.clear();
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for tok in &j.tokens[rows.clone()] {
+        let v = a.visible(tok.pos, j.first);
+        let (vlo, vhi) = (v.start.max(keys.start), v.end.min(keys.end));
+        t.vis.push((vlo, vhi.max(vlo)));
+        if vlo < vhi {
+            (lo, hi) = (lo.min(vlo), hi.max(vhi));
+        }
+    }
+    let q_of = |r: usize, g: usize| {
+        let at = (rows.start + r) * qd + (kvh * group + g) * hd;
+        &j.q[at..at + hd]
+    };
+
+    // The key and value rows of one tile, this KV head's part of each.
+    let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+    let mut vrows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+    let mut j0 = lo;
+    while j0 < hi {
+        let j1 = (j0 + KEY_TILE).min(hi);
+        let nt = j1 - j0;
+        gather(
+            j0,
+            j1,
+            kvh * hd..(kvh + 1) * hd,
+            kvd,
+            |p, m| j.kv.key_run(p, m),
+            &mut krows,
+        );
+        gather(
+            j0,
+            j1,
+            kvh * hd..(kvh + 1) * hd,
+            kvd,
+            |p, m| j.kv.value_run(p, m),
+            &mut vrows,
+        );
+        for r in 0..nr {
+            // The keys of the tile this row sees, as indices into the tile.
+            let (vlo, vhi) = t.vis[r];
+            let (a, b) = (vlo.clamp(j0, j1) - j0, vhi.clamp(j0, j1) - j0);
+            for g in 0..group {
+                let qv = r * group + g;
+                let s = &mut t.s[qv * KEY_TILE..qv * KEY_TILE + nt];
+                if a >= b {
+                    continue; // this query sees none of the tile's keys
+                }
+                // Scores, then the online softmax: rescale what was accumulated if the
+                // maximum grew, and add this tile's weights and weighted values.
+                unsafe { S::scores(q_of(r, g), &krows[a..b], scale, &mut s[a..b]) };
+                let tile_max = unsafe { S::max(&s[a..b]) };
+                let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
+                let m_new = t.m[qv].max(tile_max);
+                if m_new > t.m[qv] {
+                    let corr = (t.m[qv] - m_new).exp(); // 0 on the first tile: m = -inf
+                    t.l[qv] *= corr;
+                    unsafe { S::scale(acc, corr) };
+                    t.m[qv] = m_new;
+                }
+                t.l[qv] += unsafe { S::exp_sum(&mut s[a..b], m_new) };
+                unsafe { S::weighted_sum(acc, &s[a..b], &vrows[a..b]) };
+            }
+        }
+        j0 = j1;
+    }
+
+    for r in 0..nr {
+        for g in 0..group {
+            let (qv, h) = (r * group + g, kvh * group + g);
+            let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
+            let i = rows.start + r;
+            match dst {
+                Dest::Out(out) => {
+                    let inv = if t.l[qv] > 0.0 { 1.0 / t.l[qv] } else { 0.0 };
+                    unsafe { S::scale(acc, inv) };
+                    // SAFETY: (row i, head h) belongs to this unit only.
+                    unsafe { out.slice(i * qd + h * hd, hd) }.copy_from_slice(acc);
+                }
+                Dest::Partial(part) => {
+                    let w = 2 + hd;
+                    // SAFETY: as above, in this split's part of the partials.
+                    let o = unsafe { part.slice((i * a.n_head + h) * w, w) };
+                    o[0] = t.m[qv];
+                    o[1] = t.l[qv];
+                    o[2..].copy_from_slice(acc);
+                }
+            }
+        }
+    }
+}
+// ANCHOR_END: attend_unit
+
+/// Fill `rows[..j1 - j0]` with part `head` of the rows of positions `j0..j1`, read a run at a
+/// time with `run(pos, max)` (rows of `width` values side by side).
+#[inline(always)]
+fn gather<'a>(
+    j0: usize,
+    j1: usize,
+    head: Range<usize>,
+    width: usize,
+    run: impl Fn(usize, usize) -> &'a [f32],
+    rows: &mut [&'a [f32]; KEY_TILE],
+) {
+    let mut p = j0;
+    while p < j1 {
+        let r = run(p, j1 - p);
+        for (k, row) in r.chunks_exact(width).enumerate() {
+            rows[p - j0 + k] = &row[head.clone()];
+        }
+        p += (r.len() / width).max(1);
+    }
+}
+
+/// Combine the splits' partial results of query vector `(i, h)` into `out`.
+fn merge(parts: &[f32], splits: usize, stride: usize, idx: usize, out: &mut [f32]) {
+    let w = out.len() + 2;
+    let part = |s: usize| &parts[s * stride + idx * w..s * stride + (idx + 1) * w];
+    let m = (0..splits)
+        .map(|s| part(s)[0])
+        .fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    let mut l = 0.0;
+    for s in 0..splits {
+        let p = part(s);
+        if p[1] == 0.0 {
+            continue; // this split saw none of the query's keys
+        }
+        let c = (p[0] - m).exp();
+        l += p[1] * c;
+        for (o, a) in out.iter_mut().zip(&p[2..]) {
+            *o += c * a;
+        }
+    }
+    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+// The entry points: each kernel compiled for each instruction set.
+macro_rules! for_isa {
+    ($isa:expr, $f:ident :: <S> ($($arg:expr),*)) => {
+        match $isa {
+            // SAFETY: `F32Isa::Avx2` exists only where the CPU has AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            F32Isa::Avx2 => unsafe { avx2::$f($($arg),*) },
+            // SAFETY: plain Rust.
+            _ => unsafe { $f::<Portable>($($arg),*) },
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use crate::simd::x86::act::Avx2;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend_unit(
+        j: &AttendJob,
+        kvh: usize,
+        rows: Range<usize>,
+        keys: Range<usize>,
+        t: &mut Tile,
+        dst: Dest,
+    ) {
+        unsafe { super::attend_unit::<Avx2>(j, kvh, rows, keys, t, dst) }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        unsafe { super::rms_norm_rows::<Avx2>(x, w, eps, out) }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        unsafe { <Avx2 as F32Simd>::silu_mul(g, u) }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn add(x: &mut [f32], y: &[f32]) {
+        unsafe { <Avx2 as F32Simd>::add(x, y) }
+    }
+}
+
+/// RMSNorm of the rows of `x`, the reference's formula with a vector sum of squares.
+#[inline(always)]
+unsafe fn rms_norm_rows<S: F32Simd>(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let sum = unsafe { S::sum_squares(row) } as f64;
+        let mean = (sum / d as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        unsafe { S::scale_mul(row, scale, w, o) };
+    }
+}
+
+#[inline(always)]
+unsafe fn silu_mul<S: F32Simd>(g: &mut [f32], u: &[f32]) {
+    unsafe { S::silu_mul(g, u) }
+}
+
+#[inline(always)]
+unsafe fn add<S: F32Simd>(x: &mut [f32], y: &[f32]) {
+    unsafe { S::add(x, y) }
+}
+
+// ANCHOR: simd_compute
+/// Chapter 4's [`Compute`] with vector kernels, spread over a thread pool.
+pub struct SimdCompute {
+    isa: F32Isa,
+    pool: Arc<dyn Parallel>,
+    /// Partial results of split attention, `(splits, n, n_head, 2 + head_dim)`: kept, so that
+    /// decoding allocates nothing.
+    partials: Mutex<Vec<f32>>,
+    /// One tile of buffers per thread. Not thread-locals: these are sized by the calling
+    /// thread before the work is shared out, so a worker's first unit allocates nothing either.
+    tiles: Box<[Mutex<Tile>]>,
+}
+
+impl SimdCompute {
+    /// Kernels for `kernels`' instruction set, work on `pool` (share it with the matrices).
+    pub fn new(kernels: &KernelSet, pool: Arc<dyn Parallel>) -> SimdCompute {
+        SimdCompute::with_isa(F32Isa::for_kernels(kernels), pool)
+    }
+
+    /// The portable kernels (for tests and benchmarks), or those of a kernel set.
+    pub fn with_isa(isa: F32Isa, pool: Arc<dyn Parallel>) -> SimdCompute {
+        let tiles = (0..pool.threads().max(1))
+            .map(|_| Mutex::new(Tile::default()))
+            .collect();
+        SimdCompute {
+            isa,
+            pool,
+            partials: Mutex::new(Vec::new()),
+            tiles,
+        }
+    }
+
+    /// A free tile. At most `threads` units run at once, so one is always free; the loop only
+    /// guards against a pool that runs more.
+    fn with_tile(&self, f: impl FnOnce(&mut Tile)) {
+        loop {
+            for t in self.tiles.iter() {
+                if let Ok(mut t) = t.try_lock() {
+                    return f(&mut t);
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// `f(range)` for ranges of `0..n` in chunks of `chunk` (a multiple of 8, so vector loops
+    /// split on lane boundaries), on the pool when `n >= min_par`.
+    fn split(&self, n: usize, chunk: usize, min_par: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        if n < min_par || self.pool.threads() == 1 {
+            f(0..n);
+        } else {
+            self.pool.run(n.div_ceil(chunk), &|i| {
+                f(i * chunk..((i + 1) * chunk).min(n))
+            });
+        }
+    }
+}
+
+impl AttentionOps for SimdCompute {
+    fn rope(&self, rope: &RopeTable, x: &mut [f32], head_dim: usize, tokens: &[TokenPos]) {
+        let n = tokens.len();
+        let width = x.len() / n.max(1);
+        let out = Out(x.as_mut_ptr());
+        self.split(n, 1, PAR_ROWS, &|r| {
+            for i in r {
+                // SAFETY: token i's row is written by this call only.
+                rope.apply(
+                    unsafe { out.slice(i * width, width) },
+                    head_dim,
+                    tokens[i].pos,
+                );
+            }
+        });
+    }
+
+    fn attend(
+        &self,
+        attn: &Attention,
+        q: &[f32],
+        tokens: &[TokenPos],
+        kv: &dyn KvView,
+        out: &mut [f32],
+    ) {
+        let n = tokens.len();
+        if n == 0 {
+            return;
+        }
+        let first = kv.first();
+        let job = AttendJob {
+            attn,
+            q,
+            tokens,
+            kv,
+            first,
+        };
+        // The keys any query of the call sees.
+        let (lo, hi) = tokens.iter().fold((usize::MAX, 0), |(lo, hi), t| {
+            let v = attn.visible(t.pos, first);
+            (lo.min(v.start), hi.max(v.end))
+        });
+        let (n_kvh, row_blocks) = (attn.n_head_kv, n.div_ceil(Q_ROWS));
+        let group = attn.n_head / n_kvh;
+        for t in self.tiles.iter() {
+            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+            t.reserve(Q_ROWS * group, attn.head_dim, Q_ROWS);
+        }
+        let units = n_kvh * row_blocks;
+        let want = UNITS_PER_THREAD * self.pool.threads();
+        // Split the keys when there are too few units to keep the threads busy (decoding).
+        let splits = if self.pool.threads() > 1 && units < want {
+            want.div_ceil(units)
+                .min((hi - lo).div_ceil(KEY_TILE))
+                .max(1)
+        } else {
+            1
+        };
+        let key_range = |s: usize| {
+            let span = hi - lo;
+            lo + span * s / splits..lo + span * (s + 1) / splits
+        };
+        let unit = |u: usize, dst: Dest| {
+            let (s, rest) = (u % splits, u / splits);
+            let (kvh, rb) = (rest % n_kvh, rest / n_kvh);
+            let rows = rb * Q_ROWS..((rb + 1) * Q_ROWS).min(n);
+            self.with_tile(|t| {
+                for_isa!(
+                    self.isa,
+                    attend_unit::<S>(&job, kvh, rows, key_range(s), t, dst)
+                )
+            });
+        };
+        if splits == 1 {
+            let dst = Dest::Out(Out(out.as_mut_ptr()));
+            self.pool.run(units, &|u| unit(u, dst));
+            return;
+        }
+        let (hd, nh) = (attn.head_dim, attn.n_head);
+        let stride = n * nh * (2 + hd); // one split's partials
+        let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        // Room for the most splits there can be (`want`), so that a later step with one more
+        // split does not reallocate.
+        let have = parts.len();
+        parts.reserve((want * stride).saturating_sub(have));
+        parts.resize(splits * stride, 0.0);
+        let base = Out(parts.as_mut_ptr());
+        self.pool.run(units * splits, &|u| {
+            // SAFETY: split s's partials start at s * stride, inside `parts`.
+            let part = Out(unsafe { base.ptr().add((u % splits) * stride) });
+            unit(u, Dest::Partial(part))
+        });
+        for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
+            merge(&parts, splits, stride, idx, o);
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "attention, norms and SwiGLU: {} kernels on a {}",
+            match self.isa {
+                F32Isa::Portable => "portable",
+                F32Isa::Avx2 => "avx2",
+            },
+            self.pool.describe()
+        )
+    }
+}
+
+impl Compute for SimdCompute {
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        let d = weight.len();
+        let dst = Out(out.as_mut_ptr());
+        self.split(x.len() / d, 4, PAR_ROWS, &|r| {
+            let (x, o) = (&x[r.start * d..r.end * d], unsafe {
+                // SAFETY: rows r of `out` are written by this call only.
+                dst.slice(r.start * d, r.len() * d)
+            });
+            for_isa!(self.isa, rms_norm_rows::<S>(x, weight, eps, o))
+        });
+    }
+
+    fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
+        let g = Out(gate.as_mut_ptr());
+        self.split(gate.len(), 4096, PAR_ELEMS, &|r| {
+            // SAFETY: elements r of `gate` are written by this call only.
+            let g = unsafe { g.slice(r.start, r.len()) };
+            for_isa!(self.isa, silu_mul::<S>(g, &up[r]))
+        });
+    }
+
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        let px = Out(x.as_mut_ptr());
+        self.split(x.len(), 4096, PAR_ELEMS, &|r| {
+            // SAFETY: elements r of `x` are written by this call only.
+            let x = unsafe { px.slice(r.start, r.len()) };
+            for_isa!(self.isa, add::<S>(x, &y[r]))
+        });
+    }
+}
+// ANCHOR_END: simd_compute

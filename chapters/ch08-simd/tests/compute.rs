@@ -1,0 +1,351 @@
+//! Chapter 8's `SimdCompute` against the scalar reference of chapters 3 and 4, on random data
+//! and odd sizes: the lane kernels one by one, then attention, RMSNorm, SwiGLU and the residual
+//! add through the `Compute` seam, on one thread and several.
+//!
+//! Nothing here is bit-exact, and each tolerance says why:
+//! - the vector `exp` is a polynomial, not libm's `expf`;
+//! - sums are added in another order (eight lanes, then across them), and the tiled
+//!   attention adds its softmax denominator in f32 tile by tile where the reference adds it in
+//!   f64 in one go, and rescales as the running maximum grows.
+
+use ch08::ch03::{Attention, AttentionOps, KvStore, RopeStyle, RopeTable, Scalar, TokenPos, VecKv};
+use ch08::compute::{F32Isa, F32Simd, Portable, SimdCompute};
+use ch08::kernels::KernelSet;
+use ch08::pool::{Parallel, RayonPool, SpinPool};
+use ch08::{Compute, ContiguousCache, Overflow};
+use proptest::prelude::*;
+use shared::{Tolerance, assert_close};
+use std::sync::Arc;
+
+/// Vector `exp` against `f64::exp`, relative: a degree-7 polynomial on |r| <= ln 2 / 2 is
+/// exact to ~5e-9, and the range reduction and Horner steps add a few f32 roundings (each
+/// 6e-8); 3e-7 is about five of them.
+const EXP_REL: f64 = 3e-7;
+/// Lane kernels (dot, SwiGLU, RMSNorm) against the portable ones: the same products summed in
+/// another order, plus `exp`'s error for SwiGLU. For sums of up to 1023 terms of size ~1 the
+/// reordering error is ~1e-6 absolute.
+const LANES_TOL: Tolerance = Tolerance {
+    abs: 2e-5,
+    rel: 1e-5,
+};
+/// Attention against the reference: outputs are weighted means of values in [-1, 1]. The
+/// weights differ by `exp`'s error and the reordered sums (relative ~1e-7 each), so the
+/// outputs differ by ~1e-6 (observed 5.4e-7 over every case below). A wrong mask, scale or
+/// merge gives errors of order 0.1.
+const ATTN_TOL: Tolerance = Tolerance {
+    abs: 5e-6,
+    rel: 1e-5,
+};
+
+/// Deterministic values in [-1, 1).
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// The vector kernel sets this CPU can run, with a name.
+fn vector_isas() -> Vec<F32Isa> {
+    let mut v = vec![F32Isa::Portable];
+    if let Some(k) = KernelSet::available().last() {
+        let isa = F32Isa::for_kernels(k);
+        if isa != F32Isa::Portable {
+            v.push(isa);
+        }
+    }
+    v
+}
+
+fn pools() -> Vec<Arc<dyn Parallel>> {
+    vec![
+        Arc::new(SpinPool::new(1)),
+        Arc::new(SpinPool::new(2)),
+        Arc::new(RayonPool::new(3)),
+    ]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use ch08::simd::x86::act::Avx2;
+
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// The odd lengths where tails go wrong, and some long ones.
+    fn lengths() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            1usize..40,
+            Just(63),
+            Just(64),
+            Just(65),
+            Just(127),
+            Just(1023)
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn lane_kernels_match_the_portable_ones(n in lengths(), seed in any::<u64>()) {
+            if !has_avx2() {
+                return Ok(());
+            }
+            let (a, b) = (noise(n, seed), noise(n, seed ^ 1));
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe {
+                let (x, y) = (Avx2::dot(&a, &b), Portable::dot(&a, &b));
+                assert_close("dot", &[1], &[x], &[y], LANES_TOL);
+
+                let (mut x, mut y) = (a.clone(), a.clone());
+                Avx2::silu_mul(&mut x, &b);
+                Portable::silu_mul(&mut y, &b);
+                assert_close("silu_mul", &[n], &x, &y, LANES_TOL);
+
+                let (mut x, mut y) = (a.clone(), a.clone());
+                Avx2::axpy(&mut x, 0.37, &b);
+                Portable::axpy(&mut y, 0.37, &b);
+                assert_close("axpy", &[n], &x, &y, LANES_TOL);
+
+                let (mut x, mut y) = (a.clone(), a.clone());
+                Avx2::add(&mut x, &b);
+                Portable::add(&mut y, &b);
+                assert_close("add", &[n], &x, &y, Tolerance::EXACT);
+
+                assert_eq!(Avx2::max(&a), Portable::max(&a));
+
+                let (mut x, mut y) = (vec![0.0; n], vec![0.0; n]);
+                Avx2::scale_mul(&a, 1.7, &b, &mut x);
+                Portable::scale_mul(&a, 1.7, &b, &mut y);
+                assert_close("scale_mul", &[n], &x, &y, Tolerance::EXACT);
+            }
+        }
+
+        #[test]
+        fn vector_exp_is_accurate(n in lengths(), seed in any::<u64>()) {
+            if !has_avx2() {
+                return Ok(());
+            }
+            // Arguments as softmax gives them: from -87 (the smallest normal result) to 0.
+            let x: Vec<f32> = noise(n, seed).iter().map(|v| (v - 1.0) * 43.5).collect();
+            let mut e = x.clone();
+            // SAFETY: as above.
+            let sum = unsafe { Avx2::exp_sum(&mut e, 0.0) };
+            let mut want_sum = 0.0f64;
+            for (&x, &e) in x.iter().zip(&e) {
+                let want = (x as f64).exp();
+                want_sum += want;
+                let rel = (e as f64 - want).abs() / want;
+                prop_assert!(rel < EXP_REL, "exp({x}) = {e}, want {want}: rel {rel:.2e}");
+            }
+            prop_assert!(((sum as f64) - want_sum).abs() <= 1e-6 * want_sum.max(1e-30));
+        }
+
+        #[test]
+        fn score_and_value_kernels_match_row_by_row(
+            hd in prop_oneof![Just(64usize), Just(128), Just(40), Just(8)],
+            nk in 1usize..70,
+            seed in any::<u64>(),
+        ) {
+            if !has_avx2() {
+                return Ok(());
+            }
+            let q = noise(hd, seed);
+            let kv = noise(nk * hd, seed ^ 7);
+            let rows: Vec<&[f32]> = kv.chunks_exact(hd).collect();
+            let (mut s1, mut s2) = (vec![0.0; nk], vec![0.0; nk]);
+            let p = noise(nk, seed ^ 9);
+            let (mut a1, mut a2) = (noise(hd, seed ^ 3), noise(hd, seed ^ 3));
+            // SAFETY: as above.
+            unsafe {
+                Avx2::scores(&q, &rows, 0.125, &mut s1);
+                Portable::scores(&q, &rows, 0.125, &mut s2);
+                Avx2::weighted_sum(&mut a1, &p, &rows);
+                Portable::weighted_sum(&mut a2, &p, &rows);
+            }
+            assert_close("scores", &[nk], &s1, &s2, LANES_TOL);
+            assert_close("weighted_sum", &[hd], &a1, &a2, LANES_TOL);
+        }
+    }
+}
+
+/// An `Attention` with `n_head` query heads, `n_head_kv` KV heads of `hd` dimensions.
+fn attention(n_head: usize, n_head_kv: usize, hd: usize, window: Option<usize>) -> Attention {
+    Attention {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        rope: RopeTable::new(hd, 10000.0, 1.0, RopeStyle::Normal, 2048),
+        window,
+    }
+}
+
+/// Attention of `n` new tokens after `past` stored ones, through `ops`, on the store `kv`.
+fn attend_with<K: KvStore>(
+    ops: &dyn AttentionOps,
+    a: &Attention,
+    kv: &mut K,
+    past: usize,
+    n: usize,
+    seed: u64,
+) -> Vec<f32> {
+    let kvd = a.kv_dim();
+    let total = past + n;
+    kv.reserve(0, 0..total).unwrap();
+    let k = noise(total * kvd, seed);
+    let v = noise(total * kvd, seed ^ 5);
+    for p in 0..total {
+        kv.store(0, 0, p, &k[p * kvd..][..kvd], &v[p * kvd..][..kvd]);
+    }
+    let tokens = TokenPos::run(0, past, n);
+    // Queries scaled up so that the softmax is peaked, as in a real model.
+    let q: Vec<f32> = noise(n * a.q_dim(), seed ^ 11)
+        .iter()
+        .map(|x| x * 4.0)
+        .collect();
+    let mut out = vec![f32::NAN; n * a.q_dim()];
+    ops.attend(a, &q, &tokens, &kv.view(0, 0), &mut out);
+    out
+}
+
+#[test]
+fn tiled_attention_matches_the_reference() {
+    let shapes = [(9, 3, 64), (4, 4, 32), (8, 2, 128), (6, 2, 40), (2, 1, 8)];
+    let cases = [
+        (0, 1),
+        (0, 9),
+        (5, 3),
+        (130, 1),
+        (0, 33),
+        (64, 64),
+        (300, 2),
+        (1000, 1),
+    ];
+    let mut worst = 0.0f32;
+    for isa in vector_isas() {
+        for pool in pools() {
+            let simd = SimdCompute::with_isa(isa, pool.clone());
+            for (si, &(nh, nkv, hd)) in shapes.iter().enumerate() {
+                for window in [None, Some(5), Some(100)] {
+                    let a = attention(nh, nkv, hd, window);
+                    for &(past, n) in &cases {
+                        let seed = (si * 1000 + past * 7 + n) as u64;
+                        let mut kv1 = VecKv::new(1, a.kv_dim());
+                        let mut kv2 = VecKv::new(1, a.kv_dim());
+                        let want = attend_with(&Scalar, &a, &mut kv1, past, n, seed);
+                        let got = attend_with(&simd, &a, &mut kv2, past, n, seed);
+                        let r = assert_close(
+                            &format!(
+                                "attention {isa:?}, {}, heads {nh}/{nkv}×{hd}, window {window:?}, {n} after {past}",
+                                pool.describe()
+                            ),
+                            &[n, nh * hd],
+                            &got,
+                            &want,
+                            ATTN_TOL,
+                        );
+                        worst = worst.max(r.max_abs);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("tiled attention vs reference: max abs error {worst:.2e}");
+}
+
+#[test]
+fn attention_reads_a_wrapped_ring_and_a_paged_cache() {
+    // A sliding-window cache whose ring has wrapped (runs of keys end at the ring's end), and
+    // a paged cache (runs end at block ends): the same result as a plain store.
+    // The window (40) leaves room in the ring (48) for the batch's own 5 new positions.
+    let a = attention(9, 3, 64, Some(40));
+    let simd = SimdCompute::with_isa(*vector_isas().last().unwrap(), Arc::new(SpinPool::new(2)));
+    let (past, n) = (90, 5);
+    let want = attend_with(&Scalar, &a, &mut VecKv::new(1, a.kv_dim()), past, n, 3);
+    let mut ring = ContiguousCache::new(1, a.kv_dim(), 48, Overflow::SlidingWindow);
+    // Fill it position by position, as decoding does, so that it wraps.
+    let kvd = a.kv_dim();
+    let (k, v) = (noise((past + n) * kvd, 3), noise((past + n) * kvd, 3 ^ 5));
+    for p in 0..past + n {
+        ring.reserve(0, p..p + 1).unwrap();
+        ring.store(0, 0, p, &k[p * kvd..][..kvd], &v[p * kvd..][..kvd]);
+    }
+    let q: Vec<f32> = noise(n * a.q_dim(), 3 ^ 11)
+        .iter()
+        .map(|x| x * 4.0)
+        .collect();
+    let tokens = TokenPos::run(0, past, n);
+    let mut got = vec![0.0; n * a.q_dim()];
+    simd.attend(&a, &q, &tokens, &ring.view(0, 0), &mut got);
+    assert_close(
+        "attention on a wrapped ring",
+        &[n, a.q_dim()],
+        &got,
+        &want,
+        ATTN_TOL,
+    );
+
+    let mut paged = ch08::PagedCache::new(1, kvd, 7, 32);
+    let got = attend_with(&simd, &a, &mut paged, past, n, 3);
+    assert_close(
+        "attention on a paged cache",
+        &[n, a.q_dim()],
+        &got,
+        &want,
+        ATTN_TOL,
+    );
+}
+
+#[test]
+fn norms_gate_and_residual_match_the_reference() {
+    for isa in vector_isas() {
+        for pool in pools() {
+            let simd = SimdCompute::with_isa(isa, pool.clone());
+            let what = format!("{isa:?}, {}", pool.describe());
+            for (rows, d) in [(1, 576), (3, 7), (40, 576), (17, 33)] {
+                let x = noise(rows * d, d as u64);
+                let w = noise(d, 99);
+                let (mut a, mut b) = (vec![0.0; rows * d], vec![0.0; rows * d]);
+                simd.rms_norm(&x, &w, 1e-5, &mut a);
+                Scalar.rms_norm(&x, &w, 1e-5, &mut b);
+                assert_close(&format!("rms_norm {what}"), &[rows, d], &a, &b, LANES_TOL);
+            }
+            for n in [1, 7, 1536, 40 * 1536 + 3] {
+                let (g, u) = (
+                    noise(n, 1).iter().map(|x| x * 8.0).collect::<Vec<_>>(),
+                    noise(n, 2),
+                );
+                let (mut a, mut b) = (g.clone(), g.clone());
+                simd.swiglu(&mut a, &u);
+                Scalar.swiglu(&mut b, &u);
+                assert_close(&format!("swiglu {what}"), &[n], &a, &b, LANES_TOL);
+                let (mut a, mut b) = (g.clone(), g);
+                simd.add(&mut a, &u);
+                Scalar.add(&mut b, &u);
+                assert_close(&format!("add {what}"), &[n], &a, &b, Tolerance::EXACT);
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_through_the_pool_is_the_reference() {
+    let rope = RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 512);
+    let tokens = TokenPos::run(0, 100, 40);
+    let x = noise(40 * 12 * 64, 4);
+    let (mut a, mut b) = (x.clone(), x);
+    SimdCompute::with_isa(F32Isa::Portable, Arc::new(SpinPool::new(2)))
+        .rope(&rope, &mut a, 64, &tokens);
+    Scalar.rope(&rope, &mut b, 64, &tokens);
+    assert_close("rope", &[40, 12 * 64], &a, &b, Tolerance::EXACT);
+}
