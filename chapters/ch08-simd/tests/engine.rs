@@ -337,6 +337,62 @@ fn simd_compute_matches_the_scalar_reference_on_f32_weights() {
 }
 
 #[test]
+fn simd_compute_agrees_with_the_reference_at_long_context() {
+    // A 1000-token prompt (many tiles of keys, many row blocks; logits of its last position),
+    // then decode steps at positions 1000-1007 on two threads (the keys split and merged). Same quantized matrices on both
+    // sides, so what differs is only the compute; on quantized weights that is judged as
+    // chapter 6 judges a quantized model (the next-token distribution and the greedy choice).
+    let file = model_file();
+    let fast = loader(KernelSet::detect(), Arc::new(SpinPool::new(2)));
+    let reference = Model::load(&file, &fast).unwrap();
+    let (n_layer, kv_dim, vocab) = (
+        reference.config.n_layer,
+        reference.attention.kv_dim(),
+        reference.config.vocab_size,
+    );
+    let tok = ch08::Tokenizer::from_gguf(&file.gguf).unwrap();
+    let text = "The history of the printing press begins in the fifteenth century, when \
+                Johannes Gutenberg developed a system of movable metal type in Mainz. ";
+    let mut tokens = tok.encode(&text.repeat(40), true, true);
+    tokens.truncate(1008);
+    assert_eq!(tokens.len(), 1008);
+    let run = |model: &Model| {
+        let mut kv = ContiguousCache::new(n_layer, kv_dim, 1024, Overflow::Error);
+        let mut out = model
+            .forward(
+                &Batch::sequence(0, &tokens[..1000], 0, false),
+                &mut kv,
+                &mut NoObserver,
+            )
+            .unwrap();
+        for p in 1000..1008 {
+            let b = Batch::sequence(0, &tokens[p..p + 1], p, true);
+            out.extend(model.forward(&b, &mut kv, &mut NoObserver).unwrap());
+        }
+        out
+    };
+    let want = run(&reference);
+    let model = reference.with_compute(fast.compute());
+    let got = run(&model);
+    for (step, (g, w)) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
+        let (p, q) = (softmax(w), softmax(g));
+        let kl: f64 = p
+            .iter()
+            .zip(&q)
+            .filter(|(a, _)| **a > 0.0)
+            .map(|(a, b)| a * (a / b).ln())
+            .sum();
+        assert!(kl < MAX_KL, "position {}: KL {kl:.3e}", 999 + step);
+        let (bg, bw) = (argmax(g), argmax(w));
+        assert!(
+            bg == bw || w[bw] - w[bg] < TIE_MARGIN,
+            "position {}: SimdCompute picks {bg}, the reference {bw}",
+            999 + step
+        );
+    }
+}
+
+#[test]
 fn prefill_and_decode_give_the_same_logits() {
     let file = model_file();
     let tokens = prompt(&file);

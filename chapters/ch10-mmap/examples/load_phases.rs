@@ -67,9 +67,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => shared::default_model_path()?,
     };
     let ways = [
-        ("read (`--no-mmap`)", true, false),
-        ("mmap (default)", false, false),
-        ("mmap, `--repack`", false, true),
+        ("read (`--no-mmap`), repacked", true, true),
+        ("mmap, repacked (default)", false, true),
+        ("mmap, `--no-repack`", false, false),
     ];
     let mut rows = Vec::new();
     for (name, read, repack) in ways {

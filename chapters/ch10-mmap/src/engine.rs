@@ -42,10 +42,11 @@ pub struct EngineArgs {
     /// Lock the model's pages in memory (mlock): read now, never evicted.
     #[arg(long)]
     pub mlock: bool,
-    /// Repack matrices for chapter 8's micro-kernel where the CPU has one: faster products,
-    /// but the packed weights are a copy, no longer the mapped pages.
+    /// Keep every weight a view of the file: no repacking for chapter 8's micro-kernel, which
+    /// by default interleaves the matrices where the CPU has one (faster products, but the
+    /// packed weights are a private copy, no longer the mapped pages).
     #[arg(long)]
-    pub repack: bool,
+    pub no_repack: bool,
     /// The system message of a --chat conversation.
     #[arg(long)]
     pub system: Option<String>,
@@ -62,10 +63,10 @@ pub enum LoadMode {
 }
 
 impl EngineArgs {
-    /// Chapter 8's matrices, on `--threads` threads, repacked if `--repack`.
+    /// Chapter 8's matrices, on `--threads` threads, repacked unless `--no-repack`.
     pub fn fast_loader(&self) -> FastLoader {
         let mut fast = FastLoader::new(new_pool(PoolKind::Spin, self.generation.threads.max(1)));
-        fast.pack = self.repack;
+        fast.pack = !self.no_repack;
         fast
     }
 
