@@ -8,10 +8,7 @@
 
 use crate::request::Request;
 use crate::scheduler::{BatchModel, Scheduler, SchedulerConfig, SchedulerError};
-use ch06::{
-    Cached, ContiguousCache, ForwardError, GenParams, Model, Overflow, SamplerParams, Tokenizer,
-    generate,
-};
+use ch06::{Cached, ForwardError, GenParams, Model, SamplerParams, Tokenizer, generate};
 use std::time::{Duration, Instant};
 
 /// Short prompts of different lengths, one per concurrent request.
@@ -93,14 +90,7 @@ pub fn one_at_a_time(
     let (outputs, elapsed, on_cpu) = timed(|| -> Result<_, ForwardError> {
         let mut outputs = Vec::new();
         for p in prompts {
-            let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());
-            let kv = ContiguousCache::new(
-                n_layer,
-                kv_dim,
-                p.len() + params.max_tokens,
-                Overflow::Error,
-            );
-            let mut session = Cached::new(model, kv, p.len());
+            let mut session = Cached::contiguous(model, Some(p.len() + params.max_tokens));
             outputs.push(generate(&mut session, tok, p, params, &mut |_| {})?.ids);
         }
         Ok(outputs)

@@ -172,7 +172,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let weight_bytes: u64 = file.gguf.tensors.iter().map(|t| t.n_bytes()).sum();
     let mid = cli.prompt_tokens + cli.decode / 2;
     let kv_bytes = (2 * model.config.n_layer * model.attention.kv_dim() * 4 * mid) as u64;
-    let gbs = bandwidth(&*fast_pool, 256 << 20);
+    // Stream as many bytes as a token reads, so the probe's data sits where the weights sit
+    // (in memory, or in a last-level cache large enough to hold the model).
+    let gbs = bandwidth(&*fast_pool, (weight_bytes + kv_bytes) as usize);
     let ceiling = gbs * 1e9 / (weight_bytes + kv_bytes) as f64;
     let decode_tok_s = 1e3 / token_ms;
 
@@ -226,9 +228,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &names,
     );
     println!(
-        "a decoded token reads {:.1} MB of weights and {:.1} MB of KV cache; streaming with {} \
-         thread(s) runs at {gbs:.1} GB/s, so decode cannot pass {ceiling:.0} tok/s: measured \
-         {decode_tok_s:.0} tok/s, {:.0} % of that",
+        "a decoded token reads {:.1} MB of weights and {:.1} MB of KV cache; streaming that many \
+         bytes with {} thread(s) runs at {gbs:.1} GB/s, so decode cannot pass {ceiling:.0} tok/s: \
+         measured {decode_tok_s:.0} tok/s, {:.0} % of that",
         weight_bytes as f64 / 1e6,
         kv_bytes as f64 / 1e6,
         cli.threads,
@@ -237,14 +239,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Read bandwidth in GB/s: the median of five passes summing `bytes` of memory, split over
-/// the pool's threads (the same threads that run the products).
+/// Read bandwidth in GB/s: the fastest of eight passes summing `bytes` of memory (after one pass
+/// to place it), split over the pool's threads (the same threads that run the products). The
+/// fastest, because other programs on the machine can only slow a pass down, and a ceiling is
+/// what the hardware allows.
 fn bandwidth(pool: &dyn ch08::Parallel, bytes: usize) -> f64 {
     let data: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
     let chunk = 1 << 16; // words per task
     let n_tasks = data.len().div_ceil(chunk);
     let sink = AtomicU64::new(0);
-    let mut runs: Vec<f64> = (0..5)
+    let mut runs: Vec<f64> = (0..9)
         .map(|_| {
             let t0 = Instant::now();
             pool.run(n_tasks, &|i| {
@@ -265,8 +269,8 @@ fn bandwidth(pool: &dyn ch08::Parallel, bytes: usize) -> f64 {
         })
         .collect();
     std::hint::black_box(sink.load(Ordering::Relaxed));
-    runs.sort_by(f64::total_cmp);
-    runs[2]
+    runs.remove(0); // the first pass brings the data to where it will stay
+    runs.into_iter().fold(0.0, f64::max)
 }
 fn report(what: &str, total: f64, parts: [f64; 6], names: &[&str]) {
     let known: f64 = parts.iter().sum();

@@ -4,7 +4,7 @@
 
 use ch08::cli::{self, Args};
 use ch08::pool::{PoolKind, new_pool};
-use ch08::{Cached, ContiguousCache, FastLoader, Model, Overflow};
+use ch08::{Cached, FastLoader, Model};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -42,16 +42,7 @@ fn main() {
             }
             Ok(model)
         },
-        |model| {
-            let n_ctx = args.ctx.unwrap_or(model.config.context_length);
-            let kv = ContiguousCache::new(
-                model.config.n_layer,
-                model.attention.kv_dim(),
-                n_ctx,
-                Overflow::Error,
-            );
-            Box::new(Cached::new(model, kv, 256))
-        },
+        |model| Box::new(Cached::contiguous(model, args.ctx)),
     );
     if let Err(e) = result {
         eprintln!("error: {e}");

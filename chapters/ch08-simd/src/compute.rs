@@ -32,10 +32,13 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// Query rows in one unit of attention work. With SmolLM2's 3 query heads per KV head that is
-/// 24 query vectors (6 KiB), whose scores for one tile of keys (another 6 KiB) stay in L1.
+/// 24 query vectors (6 KiB) and their accumulators (6 KiB).
 pub const Q_ROWS: usize = 8;
-/// Keys per tile: the online softmax updates its running max and sum once per tile.
-pub const KEY_TILE: usize = 64;
+/// Keys per tile: the online softmax updates its running max and sum once per tile. Every
+/// query vector of a unit reads the tile's keys and values again, so they must stay in L1:
+/// 32 keys of 64 values are 8 KiB of keys and 8 KiB of values, which with the queries,
+/// accumulators and scores (3 KiB) fits a 32 KiB L1; 64 keys measured slower on a 48 KiB one.
+pub const KEY_TILE: usize = 32;
 /// Units of attention work per thread to aim for, so that a thread that is descheduled for a
 /// moment leaves its share to the others (as the products do).
 const UNITS_PER_THREAD: usize = 4;
@@ -74,14 +77,16 @@ pub trait F32Simd {
     /// `x += y`.
     unsafe fn add(x: &mut [f32], y: &[f32]);
 
-    /// `s_j = scale·(q · k_j)` for every key row `keys[j]` (each as long as `q`).
+    /// `s_j = scale·(q · k_j)` for every key row `keys[j]`. Every row must be exactly as long
+    /// as `q` (part of the safety contract: a kernel may read `q.len()` values of each).
     #[inline(always)]
     unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
         for (s, k) in s.iter_mut().zip(keys) {
             *s = unsafe { Self::dot(q, k) } * scale;
         }
     }
-    /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]` (each as long as `acc`).
+    /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]`. Every row must be exactly as long as
+    /// `acc` (part of the safety contract, as for `scores`).
     #[inline(always)]
     unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
         for (&p, v) in p.iter().zip(vals) {
@@ -153,15 +158,16 @@ pub enum F32Isa {
     Portable,
     /// x86-64 AVX2 + FMA (every kernel set from AVX2 up has both).
     Avx2,
+    /// [`F32Isa::Avx2`], with AVX-512 F for attention's scores and weighted sums.
+    Avx512,
 }
 
 impl F32Isa {
     /// The one a kernel set can run: a set exists only for an instruction set the CPU has.
     pub fn for_kernels(k: &KernelSet) -> F32Isa {
         match k.isa {
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni if cfg!(target_arch = "x86_64") => {
-                F32Isa::Avx2
-            }
+            Isa::Avx2 if cfg!(target_arch = "x86_64") => F32Isa::Avx2,
+            Isa::Avx512 | Isa::Avx512Vnni if cfg!(target_arch = "x86_64") => F32Isa::Avx512,
             _ => F32Isa::Portable,
         }
     }
@@ -401,9 +407,12 @@ fn merge(parts: &[f32], splits: usize, stride: usize, idx: usize, out: &mut [f32
 macro_rules! for_isa {
     ($isa:expr, $f:ident :: <S> ($($arg:expr),*)) => {
         match $isa {
-            // SAFETY: `F32Isa::Avx2` exists only where the CPU has AVX2 and FMA.
+            // SAFETY: `F32Isa::Avx2` is chosen only where the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             F32Isa::Avx2 => unsafe { avx2::$f($($arg),*) },
+            // SAFETY: `F32Isa::Avx512` is chosen only where the CPU has AVX-512 F, AVX2, FMA.
+            #[cfg(target_arch = "x86_64")]
+            F32Isa::Avx512 => unsafe { avx512::$f($($arg),*) },
             // SAFETY: plain Rust.
             _ => unsafe { $f::<Portable>($($arg),*) },
         }
@@ -438,6 +447,26 @@ mod avx2 {
     pub(super) unsafe fn add(x: &mut [f32], y: &[f32]) {
         unsafe { <Avx2 as F32Simd>::add(x, y) }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use crate::simd::x86::act::Avx512;
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn attend_unit(
+        j: &AttendJob,
+        kvh: usize,
+        rows: Range<usize>,
+        keys: Range<usize>,
+        t: &mut Tile,
+        dst: Dest,
+    ) {
+        unsafe { super::attend_unit::<Avx512>(j, kvh, rows, keys, t, dst) }
+    }
+    // The rest is AVX2's: sixteen lanes buy nothing on loops bound by memory.
+    pub(super) use super::avx2::{add, rms_norm_rows, silu_mul};
 }
 
 /// RMSNorm of the rows of `x`, the reference's formula with a vector sum of squares.
@@ -623,6 +652,7 @@ impl AttentionOps for SimdCompute {
             match self.isa {
                 F32Isa::Portable => "portable",
                 F32Isa::Avx2 => "avx2",
+                F32Isa::Avx512 => "avx512",
             },
             self.pool.describe()
         )

@@ -52,12 +52,12 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The vector kernel sets this CPU can run, with a name.
+/// Every set of f32 kernels this CPU can run, portable first.
 fn vector_isas() -> Vec<F32Isa> {
     let mut v = vec![F32Isa::Portable];
-    if let Some(k) = KernelSet::available().last() {
-        let isa = F32Isa::for_kernels(k);
-        if isa != F32Isa::Portable {
+    for k in KernelSet::available() {
+        let isa = F32Isa::for_kernels(&k);
+        if !v.contains(&isa) {
             v.push(isa);
         }
     }
@@ -75,10 +75,13 @@ fn pools() -> Vec<Arc<dyn Parallel>> {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
-    use ch08::simd::x86::act::Avx2;
+    use ch08::simd::x86::act::{Avx2, Avx512};
 
     fn has_avx2() -> bool {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    fn has_avx512() -> bool {
+        has_avx2() && is_x86_feature_detected!("avx512f")
     }
 
     /// The odd lengths where tails go wrong, and some long ones.
@@ -175,6 +178,16 @@ mod avx2 {
             }
             assert_close("scores", &[nk], &s1, &s2, LANES_TOL);
             assert_close("weighted_sum", &[hd], &a1, &a2, LANES_TOL);
+            if has_avx512() {
+                let mut a3 = noise(hd, seed ^ 3);
+                // SAFETY: the CPU has AVX-512 F (checked).
+                unsafe {
+                    Avx512::scores(&q, &rows, 0.125, &mut s1);
+                    Avx512::weighted_sum(&mut a3, &p, &rows);
+                }
+                assert_close("scores, avx512", &[nk], &s1, &s2, LANES_TOL);
+                assert_close("weighted_sum, avx512", &[hd], &a3, &a2, LANES_TOL);
+            }
         }
     }
 }

@@ -374,7 +374,11 @@ fn simd_compute_agrees_with_the_reference_at_long_context() {
     let want = run(&reference);
     let model = reference.with_compute(fast.compute());
     let got = run(&model);
-    for (step, (g, w)) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
+    for (step, (g, w)) in got
+        .chunks_exact(vocab)
+        .zip(want.chunks_exact(vocab))
+        .enumerate()
+    {
         let (p, q) = (softmax(w), softmax(g));
         let kl: f64 = p
             .iter()

@@ -12,7 +12,7 @@
 //! two differ, the cache is cut there and recomputed from that point, which is always correct.
 
 use ch08::ch04::{ForwardError, GenParams, Generation, Session, generate};
-use ch08::{Cached, ChatTemplate, ContiguousCache, Message, Model, Overflow, Tokenizer};
+use ch08::{Cached, ChatTemplate, ContiguousCache, Message, Model, Tokenizer};
 
 // ANCHOR: prefix_session
 /// A [`Session`] over a contiguous KV cache that knows which tokens the cache holds. Given any
@@ -25,14 +25,8 @@ pub struct PrefixSession<'m> {
 impl<'m> PrefixSession<'m> {
     /// An empty session whose cache holds `n_ctx` positions.
     pub fn new(model: &'m Model, n_ctx: usize) -> PrefixSession<'m> {
-        let kv = ContiguousCache::new(
-            model.config.n_layer,
-            model.attention.kv_dim(),
-            n_ctx,
-            Overflow::Error,
-        );
         PrefixSession {
-            inner: Cached::new(model, kv, 256),
+            inner: Cached::contiguous(model, Some(n_ctx)),
             // Never more than the cache holds: reserved, so that decoding does not reallocate.
             tokens: Vec::with_capacity(n_ctx),
         }

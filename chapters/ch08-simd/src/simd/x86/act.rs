@@ -1,5 +1,6 @@
 //! f32 vector kernels for the non-product work of a layer (attention, RMSNorm, SwiGLU, the
-//! residual add), eight lanes with AVX2 and FMA.
+//! residual add): eight lanes with AVX2 and FMA ([`Avx2`]), and sixteen with AVX-512 for the
+//! two kernels that are bound by arithmetic, attention's scores and weighted sums ([`Avx512`]).
 //!
 //! The only function that is not a plain loop is [`exp8`]: `exp` of eight lanes by range
 //! reduction (`x = n·ln 2 + r`, `|r| <= ln 2 / 2`), a degree-7 polynomial for `e^r` and `2^n`
@@ -8,7 +9,7 @@
 //! model uses; the tests check it against `f32::exp`.
 //!
 //! # Safety
-//! Every function needs AVX2 and FMA enabled by the caller.
+//! Every function needs AVX2 and FMA enabled by the caller; [`Avx512`]'s also AVX-512 F.
 
 use super::*;
 use crate::compute::F32Simd;
@@ -153,7 +154,10 @@ unsafe fn weighted_sum_regs<const V: usize>(acc: &mut [f32], p: &[f32], vals: &[
 impl F32Simd for Avx2 {
     #[inline(always)]
     unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
-        assert!(s.len() >= keys.len() && keys.iter().all(|k| k.len() == q.len()));
+        // The register kernels read `q.len()` values of every key: the caller's rows are
+        // slices of exactly one head (checked in debug builds; a short row would be read past).
+        assert!(s.len() >= keys.len());
+        debug_assert!(keys.iter().all(|k| k.len() == q.len()));
         // Register-resident kernels for the common head sizes; any other goes row by row.
         unsafe {
             match q.len() {
@@ -170,7 +174,8 @@ impl F32Simd for Avx2 {
 
     #[inline(always)]
     unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
-        assert!(p.len() >= vals.len() && vals.iter().all(|v| v.len() == acc.len()));
+        assert!(p.len() >= vals.len());
+        debug_assert!(vals.iter().all(|v| v.len() == acc.len()));
         unsafe {
             match acc.len() {
                 64 => weighted_sum_regs::<8>(acc, p, vals),
@@ -357,6 +362,143 @@ impl F32Simd for Avx2 {
             while i < n {
                 x[i] += y[i];
                 i += 1;
+            }
+        }
+    }
+}
+
+/// AVX-512 F: the attention kernels on sixteen lanes; everything else as [`Avx2`] (which an
+/// AVX-512 CPU also has).
+pub struct Avx512;
+
+/// [`scores_regs`] with `q` in `V` 16-lane registers.
+#[inline(always)]
+unsafe fn scores_regs512<const V: usize>(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+    unsafe {
+        let mut qr = [_mm512_setzero_ps(); V];
+        for (i, r) in qr.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(q.as_ptr().add(16 * i));
+        }
+        // Sixteen lanes to eight: add the register's halves.
+        let half = |v: __m512| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            )
+        };
+        let vs = _mm_set1_ps(scale);
+        let mut j = 0;
+        while j + 4 <= keys.len() {
+            let k = [
+                keys[j].as_ptr(),
+                keys[j + 1].as_ptr(),
+                keys[j + 2].as_ptr(),
+                keys[j + 3].as_ptr(),
+            ];
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for (i, q) in qr.iter().enumerate() {
+                for (a, k) in acc.iter_mut().zip(k) {
+                    *a = _mm512_fmadd_ps(*q, _mm512_loadu_ps(k.add(16 * i)), *a);
+                }
+            }
+            let h01 = _mm256_hadd_ps(half(acc[0]), half(acc[1]));
+            let h23 = _mm256_hadd_ps(half(acc[2]), half(acc[3]));
+            let h = _mm256_hadd_ps(h01, h23);
+            let sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+            _mm_storeu_ps(s.as_mut_ptr().add(j), _mm_mul_ps(sum, vs));
+            j += 4;
+        }
+        while j < keys.len() {
+            let mut acc = _mm512_setzero_ps();
+            for (i, q) in qr.iter().enumerate() {
+                acc = _mm512_fmadd_ps(*q, _mm512_loadu_ps(keys[j].as_ptr().add(16 * i)), acc);
+            }
+            s[j] = _mm512_reduce_add_ps(acc) * scale;
+            j += 1;
+        }
+    }
+}
+
+/// [`weighted_sum_regs`] with `acc` in `V` 16-lane registers.
+#[inline(always)]
+unsafe fn weighted_sum_regs512<const V: usize>(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+    unsafe {
+        let mut a = [_mm512_setzero_ps(); V];
+        for (i, r) in a.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(acc.as_ptr().add(16 * i));
+        }
+        for (&p, v) in p.iter().zip(vals) {
+            let vp = _mm512_set1_ps(p);
+            for (i, r) in a.iter_mut().enumerate() {
+                *r = _mm512_fmadd_ps(vp, _mm512_loadu_ps(v.as_ptr().add(16 * i)), *r);
+            }
+        }
+        for (i, r) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * i), *r);
+        }
+    }
+}
+
+impl F32Simd for Avx512 {
+    #[inline(always)]
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        unsafe { Avx2::dot(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        unsafe { Avx2::axpy(y, a, x) }
+    }
+    #[inline(always)]
+    unsafe fn scale(y: &mut [f32], a: f32) {
+        unsafe { Avx2::scale(y, a) }
+    }
+    #[inline(always)]
+    unsafe fn max(x: &[f32]) -> f32 {
+        unsafe { Avx2::max(x) }
+    }
+    #[inline(always)]
+    unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
+        unsafe { Avx2::exp_sum(x, m) }
+    }
+    #[inline(always)]
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        unsafe { Avx2::silu_mul(g, u) }
+    }
+    #[inline(always)]
+    unsafe fn sum_squares(x: &[f32]) -> f32 {
+        unsafe { Avx2::sum_squares(x) }
+    }
+    #[inline(always)]
+    unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]) {
+        unsafe { Avx2::scale_mul(x, s, w, out) }
+    }
+    #[inline(always)]
+    unsafe fn add(x: &mut [f32], y: &[f32]) {
+        unsafe { Avx2::add(x, y) }
+    }
+
+    #[inline(always)]
+    unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+        assert!(s.len() >= keys.len());
+        debug_assert!(keys.iter().all(|k| k.len() == q.len()));
+        unsafe {
+            match q.len() {
+                64 => scores_regs512::<4>(q, keys, scale, s),
+                128 => scores_regs512::<8>(q, keys, scale, s),
+                _ => Avx2::scores(q, keys, scale, s),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+        assert!(p.len() >= vals.len());
+        debug_assert!(vals.iter().all(|v| v.len() == acc.len()));
+        unsafe {
+            match acc.len() {
+                64 => weighted_sum_regs512::<4>(acc, p, vals),
+                128 => weighted_sum_regs512::<8>(acc, p, vals),
+                _ => Avx2::weighted_sum(acc, p, vals),
             }
         }
     }
