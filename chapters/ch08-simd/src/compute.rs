@@ -599,6 +599,17 @@ impl AttentionOps for SimdCompute {
         }
         let units = n_kvh * row_blocks;
         let want = UNITS_PER_THREAD * self.pool.threads();
+        {
+            // Room for the largest split there can be — keys are split only while there are
+            // fewer than `want` units, so for at most `want / n_kvh` row blocks, in at most
+            // `want` splits — reserved on every call, before the first split is needed, so that
+            // the decode step at which splitting starts does not allocate.
+            let max_rows = (want / n_kvh).max(1) * Q_ROWS;
+            let most = want * max_rows * attn.n_head * (2 + attn.head_dim);
+            let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+            let have = parts.len();
+            parts.reserve(most.saturating_sub(have));
+        }
         // Split the keys when there are too few units to keep the threads busy (decoding).
         let splits = if self.pool.threads() > 1 && units < want {
             want.div_ceil(units)
@@ -630,11 +641,7 @@ impl AttentionOps for SimdCompute {
         let (hd, nh) = (attn.head_dim, attn.n_head);
         let stride = n * nh * (2 + hd); // one split's partials
         let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
-        // Room for the most splits there can be (`want`), so that a later step with one more
-        // split does not reallocate.
-        let have = parts.len();
-        parts.reserve((want * stride).saturating_sub(have));
-        parts.resize(splits * stride, 0.0);
+        parts.resize(splits * stride, 0.0); // within the capacity reserved above
         let base = Out(parts.as_mut_ptr());
         self.pool.run(units * splits, &|u| {
             // SAFETY: split s's partials start at s * stride, inside `parts`.
