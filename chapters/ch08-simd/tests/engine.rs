@@ -124,6 +124,16 @@ fn softmax(l: &[f32]) -> Vec<f64> {
     e.iter().map(|x| x / s).collect()
 }
 
+/// KL(P || Q) of the distributions two rows of logits give, `want` being P.
+fn kl_divergence(want: &[f32], got: &[f32]) -> f64 {
+    let (p, q) = (softmax(want), softmax(got));
+    p.iter()
+        .zip(&q)
+        .filter(|(a, _)| **a > 0.0)
+        .map(|(a, b)| a * (a / b).ln())
+        .sum()
+}
+
 /// Logits of every position of `tokens`, in one batch.
 fn all_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
     model
@@ -168,13 +178,7 @@ fn the_fast_path_matches_llama_cpp() {
         let row = |step: usize| &ours[(prompt.len() - 1 + step) * vocab..][..vocab];
 
         let want = want_logits.f32(name).unwrap();
-        let (p, q) = (softmax(&want.data), softmax(row(0)));
-        let kl: f64 = p
-            .iter()
-            .zip(&q)
-            .filter(|(a, _)| **a > 0.0)
-            .map(|(a, b)| a * (a / b).ln())
-            .sum();
+        let kl = kl_divergence(&want.data, row(0));
         let mean = row(0)
             .iter()
             .zip(&want.data)
@@ -379,13 +383,7 @@ fn simd_compute_agrees_with_the_reference_at_long_context() {
         .zip(want.chunks_exact(vocab))
         .enumerate()
     {
-        let (p, q) = (softmax(w), softmax(g));
-        let kl: f64 = p
-            .iter()
-            .zip(&q)
-            .filter(|(a, _)| **a > 0.0)
-            .map(|(a, b)| a * (a / b).ln())
-            .sum();
+        let kl = kl_divergence(w, g);
         assert!(kl < MAX_KL, "position {}: KL {kl:.3e}", 999 + step);
         let (bg, bw) = (argmax(g), argmax(w));
         assert!(
