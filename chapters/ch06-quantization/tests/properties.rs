@@ -16,6 +16,9 @@ const DOT_ROUNDING_TOL: f64 = 1e-5;
 /// Q8_1 stores `s = d * sum(q)` as f16 (2^-11 relative rounding), and Q4_1/Q5_1 dot products
 /// multiply it by the block's min.
 const DOT_ROUNDING_TOL_Q8_1: f64 = 1e-3;
+/// f16's smallest normal value, and the spacing of its subnormals.
+const F16_MIN_NORMAL: f64 = 6.103515625e-5; // 2^-14
+const F16_SUBNORMAL_STEP: f64 = 5.960464477539063e-8; // 2^-24
 
 /// Re-quantizing dequantized activations: Q8_0/Q8_1 land on the same f16 scale exactly; Q8_K's
 /// f32 scale is recomputed from a rounded product, a few ulps away.
@@ -119,28 +122,7 @@ proptest! {
 
     #[test]
     fn vec_dot_equals_the_dequantized_dot_up_to_rounding((ty, w, a) in any_scale_case()) {
-        let (got, want, dw, da) = dots(ty, &w, &a);
-        // A weight is `scale * code - min`, and the kernels add the two parts separately, so
-        // the terms they round are bounded by |w| plus the largest |w| of its block (which
-        // bounds the block's min), times |a|.
-        let t = type_traits(ty).unwrap();
-        let mut magnitude = 0.0f64;
-        for (wb, ab) in dw.chunks(t.block_size).zip(da.chunks(t.block_size)) {
-            let wmax = wb.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
-            for (&x, &y) in wb.iter().zip(ab) {
-                magnitude += (x.abs() as f64 + 2.0 * wmax) * y.abs() as f64;
-            }
-        }
-        let tol = if t.vec_dot_type == GgmlType::Q8_1 {
-            DOT_ROUNDING_TOL_Q8_1
-        } else {
-            DOT_ROUNDING_TOL
-        };
-        prop_assert!(
-            (got - want).abs() <= tol * magnitude,
-            "{ty} n={}: vec_dot {got} vs {want}: |diff| {} > {} (tol * magnitude)",
-            w.len(), (got - want).abs(), tol * magnitude
-        );
+        rounding_check(ty, &w, &a)?;
     }
 
     #[test]
@@ -160,4 +142,57 @@ proptest! {
             prop_assert!((a - b).abs() <= tol, "{ty} [{i}] {a} vs {b}");
         }
     }
+}
+
+/// `vec_dot` equals the f64 dot product of the dequantized rows up to the roundings its
+/// format allows (the property below, and its regression cases).
+fn rounding_check(ty: GgmlType, w: &[f32], a: &[f32]) -> Result<(), TestCaseError> {
+    let (got, want, dw, da) = dots(ty, w, a);
+    // A weight is `scale * code - min`, and the kernels add the two parts separately, so
+    // the terms they round are bounded by |w| plus the largest |w| of its block (which
+    // bounds the block's min), times |a|.
+    let t = type_traits(ty).unwrap();
+    let mut magnitude = 0.0f64;
+    for (wb, ab) in dw.chunks(t.block_size).zip(da.chunks(t.block_size)) {
+        let wmax = wb.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
+        for (&x, &y) in wb.iter().zip(ab) {
+            magnitude += (x.abs() as f64 + 2.0 * wmax) * y.abs() as f64;
+        }
+    }
+    let tol = if t.vec_dot_type == GgmlType::Q8_1 {
+        DOT_ROUNDING_TOL_Q8_1
+    } else {
+        DOT_ROUNDING_TOL
+    };
+    // Q8_1 keeps `s = d·Σq` in f16 beside `d` in f16. When `d` is below f16's smallest
+    // normal (2^-14), its rounding is absolute (half of 2^-24), not relative, so the
+    // reference's `d_f16·Σq` and the kernel's `s` differ by up to 2^-25·|Σq| — times the
+    // block's min, which |w|'s largest value bounds.
+    let mut subnormal = 0.0f64;
+    if t.vec_dot_type == GgmlType::Q8_1 {
+        for (wb, ab) in w.chunks(t.block_size).zip(a.chunks(t.block_size)) {
+            let amax = ab.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
+            if amax / 127.0 < F16_MIN_NORMAL {
+                let wmax = wb.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64));
+                subnormal += F16_SUBNORMAL_STEP / 2.0 * 127.0 * ab.len() as f64 * wmax;
+            }
+        }
+    }
+    let bound = tol * magnitude + subnormal;
+    prop_assert!(
+        (got - want).abs() <= bound,
+        "{ty} n={}: vec_dot {got} vs {want}: |diff| {} > {bound} (tol * magnitude + f16 subnormal rounding)",
+        w.len(),
+        (got - want).abs()
+    );
+    Ok(())
+}
+
+/// A case proptest found: an activation block so small that Q8_1's scale is an f16 subnormal.
+#[test]
+fn vec_dot_rounding_with_a_subnormal_activation_scale() {
+    let (mut w, mut a) = (vec![0.0f32; 32], vec![0.0f32; 32]);
+    w[0] = -0.8827476;
+    a[0] = 0.0004124979;
+    rounding_check(GgmlType::Q4_1, &w, &a).unwrap();
 }
