@@ -16,13 +16,14 @@
 //!   are then also split into ranges (flash-decoding): each unit leaves its partial `(m, l,
 //!   acc)`, and a merge combines them, weighting each by `e^(m_s - M)`.
 //! - **RMSNorm, SwiGLU, the residual add** are vector loops; for a prompt their rows are split
-//!   over the threads. SwiGLU's `e^-x` uses a vector `exp` ([`crate::simd`]).
+//!   over the threads. SwiGLU's `e^-x` uses a vector `exp` (`simd::x86::act`).
 //! - **RoPE** is the reference's own code, split over tokens: it is exact and cheap.
 //!
 //! Every kernel is written once, generic over [`F32Simd`] (the lane operations), and compiled
 //! for each instruction set: [`Portable`] (plain Rust, which the compiler vectorises as it can:
-//! the fallback, e.g. on AArch64) and AVX2 with FMA (used by the AVX2 and AVX-512 kernel
-//! sets). Buffers are per thread and reused, so nothing is allocated per token.
+//! the fallback, e.g. on AArch64), AVX2 with FMA, and AVX-512 for attention's two
+//! arithmetic-bound kernels. Buffers are kept per thread of the pool and reused, so nothing is
+//! allocated per token.
 
 use crate::ch04::ch03::{Attention, KvView, RopeTable, TokenPos};
 use crate::ch04::{AttentionOps, Compute};

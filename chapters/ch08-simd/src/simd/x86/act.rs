@@ -69,24 +69,6 @@ unsafe fn silu_mul8(g: *mut f32, u: *const f32) {
     }
 }
 
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-}
-
-#[inline(always)]
-unsafe fn hmax(v: __m256) -> f32 {
-    unsafe {
-        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
-    }
-}
-
 /// Scores of `q` (`8·V` values, held in `V` registers) against each key row.
 /// Four keys at a time, each with its own accumulator, so that one horizontal reduction
 /// (three `hadd`s) serves four dot products.

@@ -340,6 +340,16 @@ unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// The largest of 8 floats.
+#[inline(always)]
+unsafe fn hmax(v: __m256) -> f32 {
+    unsafe {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
 /// The sum of 4 floats.
 #[inline(always)]
 unsafe fn hsum128(s: __m128) -> f32 {

@@ -29,9 +29,7 @@ unsafe fn amax(v: &[__m256]) -> f32 {
         for &x in v {
             m = _mm256_max_ps(_mm256_andnot_ps(sign, x), m);
         }
-        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+        hmax(m)
     }
 }
 
