@@ -1,16 +1,25 @@
-//! The command line of the `generate` example, shared by every later chapter's engine: each
-//! chapter passes its own way of loading the model and of computing logits (its [`Session`]),
-//! and keeps the flags.
+//! The command line of every chapter's engine, from this chapter's `generate` example to the
+//! finished binary of chapter 10. A chapter plugs in what it changes and keeps the rest:
+//! - how the model loads (the `load` closure of [`run`]);
+//! - how logits are computed: a [`Session`] for chapters 4–8 ([`Sessions`]), or any other
+//!   [`Runner`] (chapter 10 runs chapter 7's scheduler);
+//! - flags of its own, next to [`Args`] through `#[command(flatten)]`;
+//! - fields of its own in the `--json` report ([`Runner::report`]).
+//!
+//! The loop itself — one prompt, or a conversation with `--chat` — the llama.cpp-style timing
+//! lines and the JSON report are [`drive`]'s, the same in every chapter.
 
-use crate::generate::{GenParams, Generation, Session, generate};
-use crate::model::Model;
+use crate::generate::{GenParams, Generation, Session, StopReason, generate};
+use crate::model::{ForwardError, Model};
 use crate::sampling::SamplerParams;
 use ch02::{ChatTemplate, Message, Tokenizer};
-use ch03::GgufFile;
+use ch03::{GgufFile, KvError};
 use clap::Parser;
-use std::io::Write;
+use serde_json::{Map, Value, json};
+use std::error::Error;
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Generate text with a GGUF model.
 #[derive(Parser, Debug, Clone)]
@@ -47,14 +56,18 @@ pub struct Args {
     /// Context size: positions the KV cache holds (from chapter 5 on; default: the model's).
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Treat the prompt as a user message and apply the model's chat template.
+    /// Chat: the prompt (if any) is the first user message, then one message per line of
+    /// stdin, each answered through the model's chat template; /exit or end of input stops.
     #[arg(long)]
     pub chat: bool,
+    /// The system message of a --chat conversation (default: the template's own, if any).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
     /// Stop when the text contains this (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Print one JSON object instead of streaming text.
-    #[arg(long)]
+    /// Print one JSON object instead of streaming text (not with --chat).
+    #[arg(long, conflicts_with = "chat")]
     pub json: bool,
 }
 
@@ -65,6 +78,18 @@ impl Args {
             .as_deref()
             .or(self.prompt_arg.as_deref())
             .unwrap_or("")
+    }
+
+    /// What to generate: `-n`, the sampler, `--stop`. Chat turn `turn` gets the seed plus
+    /// `turn`, so that turns differ and a conversation can be repeated.
+    pub fn params(&self, turn: u64) -> GenParams {
+        let mut sampler = self.sampler();
+        sampler.seed = sampler.seed.wrapping_add(turn);
+        GenParams {
+            max_tokens: self.n,
+            sampler,
+            stop: self.stop.clone(),
+        }
     }
 
     pub fn sampler(&self) -> SamplerParams {
@@ -84,7 +109,7 @@ impl Args {
     }
 
     /// The model path: `--model`, else the default model (fetched if needed).
-    pub fn model_path(&self) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    pub fn model_path(&self) -> Result<PathBuf, Box<dyn Error>> {
         match &self.model {
             Some(p) => Ok(p.clone()),
             None => Ok(shared::default_model_path()?),
@@ -92,34 +117,74 @@ impl Args {
     }
 }
 
-/// Tokenize the prompt as llama.cpp's tools do: special tokens parsed, BOS per the model's
-/// metadata; with `chat`, the prompt is first rendered as a user turn by the chat template.
-pub fn prompt_ids(
-    file: &GgufFile,
-    tok: &Tokenizer,
-    prompt: &str,
-    chat: bool,
-) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
-    let text = if chat {
-        let template = ChatTemplate::from_gguf(&file.gguf)?;
-        template.render(
-            &[Message {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
-            true,
-        )?
-    } else {
-        prompt.to_string()
-    };
-    Ok(tok.encode(&text, true, true))
+/// A prompt that does not fit the context: what a [`Runner`] returns rather than start on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextFull {
+    pub prompt: usize,
+    pub n_ctx: usize,
 }
+
+impl std::fmt::Display for ContextFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ContextFull { prompt, n_ctx } = self;
+        write!(
+            f,
+            "the prompt has {prompt} tokens and the context holds {n_ctx} (--ctx {n_ctx})"
+        )
+    }
+}
+
+impl Error for ContextFull {}
+
+// ANCHOR: runner
+/// What a chapter plugs into the command line: how a prompt becomes a generation.
+pub trait Runner {
+    /// Generate from `prompt` (token ids), streaming text to `on_text`. In a conversation each
+    /// turn's prompt is the whole conversation so far; a runner with a cache may keep what an
+    /// earlier turn computed and say so in [`Generation::reused`].
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, Box<dyn Error>>;
+
+    /// Add this chapter's fields to the `--json` report.
+    fn report(&self, _json: &mut Map<String, Value>) {}
+}
+
+/// Chapters 4–8's runner: chapter 4's [`generate`] loop over a fresh [`Session`] from
+/// `new_session` for every prompt, so each chat turn computes the whole conversation again.
+pub struct Sessions<'m, F> {
+    pub model: &'m Model,
+    pub tokenizer: &'m Tokenizer,
+    pub new_session: F,
+}
+
+impl<'m, F: FnMut(&'m Model) -> Box<dyn Session + 'm>> Runner for Sessions<'m, F> {
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, Box<dyn Error>> {
+        let mut session = (self.new_session)(self.model);
+        Ok(generate(
+            session.as_mut(),
+            self.tokenizer,
+            prompt,
+            params,
+            on_text,
+        )?)
+    }
+}
+// ANCHOR_END: runner
 
 /// The whole `main` of a chapter's `generate` example: parse the flags, [`run`], and exit with
 /// a message on error.
 pub fn main(
-    load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn std::error::Error>>,
-    session: impl for<'m> FnOnce(&'m Model, &Args) -> Box<dyn Session + 'm>,
+    load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn Error>>,
+    session: impl for<'m> Fn(&'m Model, &Args) -> Box<dyn Session + 'm>,
 ) {
     let args = Args::parse();
     if let Err(e) = run(&args, load, |model| session(model, &args)) {
@@ -128,55 +193,312 @@ pub fn main(
     }
 }
 
-/// Run the example: load with `load`, compute with the session `session` makes, print.
+/// Run the example: load with `load`, compute with the sessions `session` makes, [`drive`].
 pub fn run(
     args: &Args,
-    load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn std::error::Error>>,
-    session: impl FnOnce(&Model) -> Box<dyn Session + '_>,
-) -> Result<Generation, Box<dyn std::error::Error>> {
+    load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn Error>>,
+    session: impl FnMut(&Model) -> Box<dyn Session + '_>,
+) -> Result<(), Box<dyn Error>> {
+    check(args)?;
     let path = args.model_path()?;
     let t0 = Instant::now();
     let file = GgufFile::open(&path)?;
-    let tok = Tokenizer::from_gguf(&file.gguf)?;
+    let tokenizer = Tokenizer::from_gguf(&file.gguf)?;
+    let template = ChatTemplate::from_gguf(&file.gguf).ok();
     let model = load(&file)?;
     let load_time = t0.elapsed();
-    let ids = prompt_ids(&file, &tok, args.prompt_text(), args.chat)?;
-    let sampler = args.sampler();
     if !args.json {
         eprintln!(
-            "model: {} ({:.2} s to load), seed {}",
+            "model: {} ({:.2} s to load)",
             path.display(),
-            load_time.as_secs_f64(),
-            sampler.seed
+            load_time.as_secs_f64()
         );
     }
-    let params = GenParams {
-        max_tokens: args.n,
-        sampler,
-        stop: args.stop.clone(),
+    let mut runner = Sessions {
+        model: &model,
+        tokenizer: &tokenizer,
+        new_session: session,
     };
-    let mut session = session(&model);
-    let stdout = std::io::stdout();
-    let mut on_text = |s: &str| {
-        if !args.json {
-            let mut out = stdout.lock();
-            let _ = out.write_all(s.as_bytes());
-            let _ = out.flush();
-        }
-    };
-    let generation = generate(session.as_mut(), &tok, &ids, &params, &mut on_text)?;
-    if args.json {
-        let json = serde_json::json!({
-            "prompt_ids": generation.prompt_ids,
-            "ids": generation.ids,
-            "text": generation.text,
-            "prefill_tok_s": generation.prefill_tok_s(),
-            "decode_tok_s": generation.decode_tok_s(),
-        });
-        println!("{json}");
-    } else {
-        println!();
-        eprintln!("{}", generation.timings());
+    drive(
+        args,
+        &tokenizer,
+        template.as_ref(),
+        (t0, load_time),
+        &mut runner,
+    )
+}
+
+/// Refuse flags that cannot work, before anything loads.
+pub fn check(args: &Args) -> Result<(), Box<dyn Error>> {
+    if !args.chat && args.prompt_text().is_empty() {
+        return Err("no prompt: give a PROMPT (or --prompt TEXT), or --chat".into());
     }
-    Ok(generation)
+    Ok(())
+}
+
+// ANCHOR: drive
+/// Run the command line's job with `runner`: complete the prompt, or hold a conversation
+/// (`--chat`, messages from stdin); stream the text to stdout, then print llama.cpp-style
+/// timings to stderr, or one JSON object with `--json`. `loaded` is when loading started and
+/// how long it took.
+pub fn drive(
+    args: &Args,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    loaded: (Instant, Duration),
+    runner: &mut dyn Runner,
+) -> Result<(), Box<dyn Error>> {
+    check(args)?;
+    let (t0, load_time) = loaded;
+    let mut totals = Totals {
+        load: load_time,
+        ..Totals::default()
+    };
+    let stdout = std::io::stdout();
+    let mut print = |s: &str| {
+        let mut out = stdout.lock();
+        let _ = out.write_all(s.as_bytes());
+        let _ = out.flush();
+    };
+    if args.chat {
+        let template = template.ok_or(
+            "--chat needs a chat template, and the model file has no tokenizer.chat_template",
+        )?;
+        eprintln!("seed {}", args.sampler().seed);
+        let stdin = std::io::stdin();
+        let interactive = stdin.is_terminal();
+        let mut chat = Chat::new(tokenizer, template, args.system.as_deref());
+        chat_loop(
+            args,
+            &mut chat,
+            runner,
+            &mut stdin.lock(),
+            interactive,
+            &mut print,
+            &mut totals,
+        )?;
+    } else {
+        let ids = tokenizer.encode(args.prompt_text(), true, true);
+        let params = args.params(0);
+        if !args.json {
+            eprintln!("seed {}", params.sampler.seed);
+        }
+        let mut on_text = |s: &str| {
+            if !args.json {
+                print(s)
+            }
+        };
+        let g = runner.generate(&ids, &params, &mut on_text)?;
+        totals.add(&g);
+        if args.json {
+            let mut report = json_report(&g, &totals, t0.elapsed());
+            runner.report(&mut report);
+            println!("{}", Value::Object(report));
+            return Ok(());
+        }
+        println!();
+    }
+    eprintln!("{}", totals.report(t0.elapsed()));
+    Ok(())
+}
+// ANCHOR_END: drive
+
+/// A conversation: the messages so far, rendered by the model's chat template.
+pub struct Chat<'a> {
+    pub messages: Vec<Message>,
+    template: &'a ChatTemplate,
+    tokenizer: &'a Tokenizer,
+}
+
+impl<'a> Chat<'a> {
+    /// A new conversation, opened by a system message if one is given (otherwise the template
+    /// may supply its own, as SmolLM2's does).
+    pub fn new(tokenizer: &'a Tokenizer, template: &'a ChatTemplate, system: Option<&str>) -> Self {
+        Chat {
+            messages: system
+                .map(|s| vec![Message::new("system", s)])
+                .unwrap_or_default(),
+            template,
+            tokenizer,
+        }
+    }
+
+    /// The token ids of the conversation so far, ending with the header of an assistant turn.
+    pub fn prompt_ids(&self) -> Result<Vec<u32>, Box<dyn Error>> {
+        let text = self.template.render(&self.messages, true)?;
+        Ok(self.tokenizer.encode(&text, true, true))
+    }
+
+    // ANCHOR: turn
+    /// Add `user`'s message, generate the answer with `runner` (streamed to `on_text`) and keep
+    /// it. On an error the conversation is as it was before.
+    pub fn turn(
+        &mut self,
+        user: &str,
+        runner: &mut dyn Runner,
+        params: &GenParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, Box<dyn Error>> {
+        self.messages.push(Message::new("user", user));
+        let result = self
+            .prompt_ids()
+            .and_then(|ids| runner.generate(&ids, params, on_text));
+        match result {
+            Ok(g) => {
+                self.messages.push(Message::new("assistant", &g.text));
+                Ok(g)
+            }
+            Err(e) => {
+                self.messages.pop();
+                Err(e)
+            }
+        }
+    }
+    // ANCHOR_END: turn
+}
+
+/// Read user messages from `input`, one per line, and answer each; the prompt of `args`, if
+/// any, is the first message. Stops at the end of the input or at `/exit`.
+pub fn chat_loop(
+    args: &Args,
+    chat: &mut Chat,
+    runner: &mut dyn Runner,
+    input: &mut dyn BufRead,
+    interactive: bool,
+    print: &mut dyn FnMut(&str),
+    totals: &mut Totals,
+) -> Result<(), Box<dyn Error>> {
+    let mut first = Some(args.prompt_text().to_string()).filter(|p| !p.is_empty());
+    for turn in 0.. {
+        let message = match first.take() {
+            Some(m) => m,
+            None => {
+                if interactive {
+                    eprint!("> ");
+                }
+                let mut line = String::new();
+                if input.read_line(&mut line)? == 0 {
+                    break;
+                }
+                line.trim().to_string()
+            }
+        };
+        if message == "/exit" {
+            break;
+        }
+        if message.is_empty() {
+            continue;
+        }
+        let g = chat
+            .turn(&message, runner, &args.params(turn), print)
+            .map_err(|e| {
+                let full = e.is::<ContextFull>()
+                    || matches!(
+                        e.downcast_ref::<ForwardError>(),
+                        Some(ForwardError::Kv(KvError::Full { .. }))
+                    );
+                if full {
+                    format!(
+                        "{e}: the conversation outgrew the context; start it again with a larger --ctx"
+                    )
+                    .into()
+                } else {
+                    e
+                }
+            })?;
+        print("\n");
+        totals.add(&g);
+        eprintln!(
+            "[{} prompt tokens, {} kept from the cache; {} generated, {:.1} tok/s]",
+            g.prompt_ids.len(),
+            g.reused,
+            g.ids.len(),
+            g.decode_tok_s()
+        );
+    }
+    Ok(())
+}
+
+/// Work done over a run, for the timing lines.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Totals {
+    pub load: Duration,
+    /// Prompt tokens computed (not those reused from a cache) and the time they took.
+    pub prompt_tokens: usize,
+    pub prompt_eval: Duration,
+    /// Decode steps, each one token fed back, and their time.
+    pub eval_runs: usize,
+    pub eval: Duration,
+    /// Tokens generated, final end-of-generation tokens included.
+    pub generated: usize,
+}
+
+impl Totals {
+    pub fn add(&mut self, g: &Generation) {
+        self.prompt_tokens += g.computed();
+        self.prompt_eval += g.prefill;
+        self.eval_runs += g.decode_calls;
+        self.eval += g.decode;
+        self.generated += g.ids.len();
+    }
+
+    /// The timing lines llama.cpp prints at the end of a run.
+    pub fn report(&self, total: Duration) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let rate = |d: Duration, n: usize, unit: &str| {
+            if n == 0 {
+                unit.trim_end().to_string()
+            } else {
+                format!(
+                    "{unit} ({:8.2} ms per token, {:8.2} tokens per second)",
+                    ms(d) / n as f64,
+                    n as f64 / d.as_secs_f64()
+                )
+            }
+        };
+        format!(
+            "       load time = {:10.2} ms\n\
+             prompt eval time = {:10.2} ms / {:5} {}\n\
+             \x20      eval time = {:10.2} ms / {:5} {}\n\
+             \x20     total time = {:10.2} ms / {:5} tokens",
+            ms(self.load),
+            ms(self.prompt_eval),
+            self.prompt_tokens,
+            rate(self.prompt_eval, self.prompt_tokens, "tokens"),
+            ms(self.eval),
+            self.eval_runs,
+            rate(self.eval, self.eval_runs, "runs  "),
+            ms(total),
+            self.prompt_tokens + self.eval_runs
+        )
+    }
+}
+
+/// The `--json` report of one generation: ids, text, why it stopped, and timings in
+/// milliseconds (`total_ms` from the start of loading). Runners add their own fields.
+pub fn json_report(g: &Generation, t: &Totals, total: Duration) -> Map<String, Value> {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let stop = match g.stop {
+        StopReason::EndOfGeneration => "eog",
+        StopReason::StopString => "stop",
+        StopReason::MaxTokens => "length",
+    };
+    let Value::Object(map) = json!({
+        "prompt_ids": g.prompt_ids,
+        "ids": g.ids,
+        "text": g.text,
+        "stop": stop,
+        "prompt_tokens_reused": g.reused,
+        "load_ms": ms(t.load),
+        "first_token_ms": ms(t.load + g.prefill),
+        "prompt_eval_ms": ms(t.prompt_eval),
+        "eval_ms": ms(t.eval),
+        "eval_runs": t.eval_runs,
+        "total_ms": ms(total),
+        "prefill_tok_s": g.prefill_tok_s(),
+        "decode_tok_s": g.decode_tok_s(),
+    }) else {
+        unreachable!("json! of an object literal is an object")
+    };
+    map
 }

@@ -77,6 +77,9 @@ pub struct Generation {
     pub ids: Vec<u32>,
     pub text: String,
     pub stop: StopReason,
+    /// Leading prompt tokens whose keys and values were kept from earlier work (a prefix
+    /// cache), not computed.
+    pub reused: usize,
     /// Time of the first call, over the prompt.
     pub prefill: Duration,
     /// Time of the later calls, one per generated token fed back.
@@ -85,8 +88,12 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Prompt tokens computed, not reused.
+    pub fn computed(&self) -> usize {
+        self.prompt_ids.len() - self.reused
+    }
     pub fn prefill_tok_s(&self) -> f64 {
-        self.prompt_ids.len() as f64 / self.prefill.as_secs_f64()
+        self.computed() as f64 / self.prefill.as_secs_f64()
     }
     pub fn decode_tok_s(&self) -> f64 {
         if self.decode_calls == 0 {
@@ -94,19 +101,6 @@ impl Generation {
         } else {
             self.decode_calls as f64 / self.decode.as_secs_f64()
         }
-    }
-    /// llama.cpp-style timing lines.
-    pub fn timings(&self) -> String {
-        format!(
-            "prompt: {} tokens in {:.2} ms ({:.1} tok/s)\ngenerated: {} tokens, {} decode steps in {:.2} ms ({:.1} tok/s)",
-            self.prompt_ids.len(),
-            self.prefill.as_secs_f64() * 1e3,
-            self.prefill_tok_s(),
-            self.ids.len(),
-            self.decode_calls,
-            self.decode.as_secs_f64() * 1e3,
-            self.decode_tok_s()
-        )
     }
 }
 
@@ -170,6 +164,95 @@ impl StopFilter {
     }
 }
 
+// ANCHOR: generator
+/// One request's side of generation, a step at a time: its own [`Sampler`] (its seed, its random
+/// stream), [`StreamDecoder`] and [`StopFilter`], its token limit and what it generated. Fed
+/// logits, it samples the next token, decides whether generation ends there, and returns the
+/// text that can be streamed. [`generate`] runs one over a [`Session`]; chapter 7's scheduler
+/// keeps one per request and feeds it rows of a batch, so both produce the same tokens and
+/// text from the same logits.
+pub struct Generator<'t> {
+    tokenizer: &'t Tokenizer,
+    sampler: Sampler,
+    decoder: Option<StreamDecoder<'t>>, // taken when generation ends
+    filter: StopFilter,
+    max_tokens: usize,
+    /// Generated ids so far, a final end-of-generation token included.
+    pub ids: Vec<u32>,
+    /// Set when generation has ended.
+    pub stop: Option<StopReason>,
+}
+
+impl<'t> Generator<'t> {
+    pub fn new(tokenizer: &'t Tokenizer, params: &GenParams) -> Generator<'t> {
+        Generator {
+            tokenizer,
+            sampler: Sampler::new(params.sampler.clone()),
+            decoder: Some(StreamDecoder::new(tokenizer)),
+            filter: StopFilter::new(params.stop.clone()),
+            max_tokens: params.max_tokens,
+            ids: Vec::new(),
+            stop: (params.max_tokens == 0).then_some(StopReason::MaxTokens),
+        }
+    }
+
+    /// Sample the next token from `logits` `(vocab)`, given every token so far (`history`:
+    /// prompt and generated, for the repetition penalty). Returns the token and the text to
+    /// stream now; when this token ends generation, [`Generator::stop`] is set and the text
+    /// includes everything that was held back.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> (u32, String) {
+        debug_assert!(self.stop.is_none(), "sampling after generation ended");
+        let next = self.sampler.sample(logits, history);
+        self.ids.push(next);
+        let mut text = String::new();
+        if self.tokenizer.is_eog(next) {
+            self.stop = Some(StopReason::EndOfGeneration);
+        } else {
+            let piece = self
+                .decoder
+                .as_mut()
+                .map(|d| d.push(next))
+                .unwrap_or_default();
+            let (out, stopped) = self.filter.push(&piece);
+            text = out;
+            if stopped {
+                self.stop = Some(StopReason::StopString);
+            } else if self.ids.len() >= self.max_tokens {
+                self.stop = Some(StopReason::MaxTokens);
+            }
+        }
+        if self.stop.is_some() {
+            text.push_str(&self.finish());
+        }
+        (next, text)
+    }
+
+    /// The text still held back once generation ends: bytes of an unfinished character, and
+    /// text that turned out not to start a stop string.
+    fn finish(&mut self) -> String {
+        let Some(decoder) = self.decoder.take() else {
+            return String::new();
+        };
+        if self.stop == Some(StopReason::StopString) {
+            return String::new();
+        }
+        let (mut out, stopped) = self.filter.push(&decoder.finish());
+        if stopped {
+            self.stop = Some(StopReason::StopString);
+        } else {
+            out.push_str(&self.filter.finish());
+        }
+        out
+    }
+
+    /// The text generated so far (all of it once generation has ended), ending before a stop
+    /// string.
+    pub fn text(&self) -> &str {
+        self.filter.text()
+    }
+}
+// ANCHOR_END: generator
+
 // ANCHOR: generate
 /// Generate from `prompt` (token ids), calling `on_text` with each piece of text as soon as it
 /// is complete UTF-8 and cannot be part of a stop string.
@@ -180,52 +263,31 @@ pub fn generate(
     params: &GenParams,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation, ForwardError> {
-    let mut sampler = Sampler::new(params.sampler.clone());
-    let mut decoder = StreamDecoder::new(tok);
-    let mut filter = StopFilter::new(params.stop.clone());
-    let mut tokens = prompt.to_vec();
+    let mut generator = Generator::new(tok, params);
+    let mut tokens = Vec::with_capacity(prompt.len() + params.max_tokens.min(1 << 16));
+    tokens.extend_from_slice(prompt);
     let (mut prefill, mut decode, mut decode_calls) = (Duration::ZERO, Duration::ZERO, 0);
-    let mut stop = StopReason::MaxTokens;
     let mut n_new = prompt.len();
-    let mut ids = Vec::new();
-    while ids.len() < params.max_tokens {
+    while generator.stop.is_none() {
         let t0 = Instant::now();
         let logits = session.next_logits(&tokens, n_new)?;
-        if ids.is_empty() {
+        if generator.ids.is_empty() {
             prefill = t0.elapsed();
         } else {
             decode += t0.elapsed();
             decode_calls += 1;
         }
-        let next = sampler.sample(logits, &tokens);
-        ids.push(next);
-        if tok.is_eog(next) {
-            stop = StopReason::EndOfGeneration;
-            break;
-        }
-        let (out, stopped) = filter.push(&decoder.push(next));
-        on_text(&out);
-        if stopped {
-            stop = StopReason::StopString;
-            break;
-        }
+        let (next, text) = generator.sample(logits, &tokens);
+        on_text(&text);
         tokens.push(next);
         n_new = 1;
     }
-    if stop != StopReason::StopString {
-        let (out, stopped) = filter.push(&decoder.finish());
-        on_text(&out);
-        if stopped {
-            stop = StopReason::StopString;
-        } else {
-            on_text(&filter.finish());
-        }
-    }
     Ok(Generation {
         prompt_ids: prompt.to_vec(),
-        ids,
-        text: filter.text,
-        stop,
+        text: generator.text().to_string(),
+        stop: generator.stop.unwrap_or(StopReason::MaxTokens),
+        ids: generator.ids,
+        reused: 0,
         prefill,
         decode,
         decode_calls,

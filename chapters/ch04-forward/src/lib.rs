@@ -10,10 +10,11 @@
 //!   `output.weight`), and [`Model::forward`] over a [`Batch`] of tokens.
 //! - [`sampling`]: greedy, temperature, top-k, top-p, min-p and repetition penalty, chained in
 //!   llama.cpp's default order, with a seeded random number generator.
-//! - [`generate`]: the generation loop, streaming text through chapter 2's streaming
-//!   detokenizer, stopping on end-of-generation tokens, stop strings or a token limit.
-//!
-//! - [`cli`]: the `generate` example's command line, which every later chapter's engine keeps.
+//! - [`generate`]: one step of generation ([`Generator`]: sample, stream the text through
+//!   chapter 2's streaming detokenizer, stop on end-of-generation tokens, stop strings or a
+//!   token limit) and the loop that runs it over a [`Session`].
+//! - [`cli`]: the command line every later chapter's engine keeps: flags, one prompt or a
+//!   conversation, timings and `--json`, with seams for each chapter's loading and running.
 //!
 //! Generation here is deliberately O(n²): the [`Uncached`] session recomputes the whole sequence
 //! for every new token. Chapter 5 keeps the keys and values between steps (the KV cache) through
@@ -28,7 +29,9 @@ pub mod model;
 pub mod sampling;
 
 pub use compute::{Compute, Scratch};
-pub use generate::{GenParams, Generation, Session, StopFilter, StopReason, Uncached, generate};
+pub use generate::{
+    GenParams, Generation, Generator, Session, StopFilter, StopReason, Uncached, generate,
+};
 pub use model::{Batch, ForwardError, Model, Weights};
 pub use sampling::{Sampler, SamplerParams};
 

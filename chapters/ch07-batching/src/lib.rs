@@ -12,14 +12,15 @@
 //! - [`prefix`]: a prefix cache in the spirit of RadixAttention, a radix tree over token ids
 //!   whose edges own KV blocks, shared with running sequences through the block allocator's
 //!   reference counts and evicted least recently used first.
-//! - [`request`]: a request, the per-request sampler, streaming decoder and stop-string filter,
-//!   and the report of a finished request.
+//! - [`request`]: a request and the report of a finished request; its sampler, streaming
+//!   decoder and stop-string filter are chapter 4's `Generator`, one per request.
 //! - [`throughput`]: the measurement behind the chapter's table: the same prompts batched and
 //!   one at a time.
 //!
-//! Left for later: the batch still runs on one thread with scalar kernels (chapter 8 makes the
-//! matrix products fast and parallel, which is where batching pays most), and requests come
-//! from a loop in the same process rather than over a network.
+//! The scheduler runs any [`BatchModel`]: here chapter 6's scalar kernels, and from chapter 10
+//! on the finished engine's (chapter 8's kernels over mapped weights), which runs even a single
+//! prompt through it. Requests come from a loop in the same process; chapter 11 puts a network
+//! in front.
 
 pub mod prefix;
 pub mod request;
@@ -27,7 +28,7 @@ pub mod scheduler;
 pub mod throughput;
 
 pub use prefix::PrefixCache;
-pub use request::{Finished, Output, Request, RequestId};
+pub use request::{Finished, Request, RequestId};
 pub use scheduler::{
     BatchModel, Scheduler, SchedulerConfig, SchedulerError, Sink, Stats, StepReport,
 };

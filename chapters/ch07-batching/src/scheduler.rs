@@ -34,8 +34,10 @@
 //!   at: every request ahead of it finishes first, then it runs alone at the front.
 
 use crate::prefix::PrefixCache;
-use crate::request::{Finished, Output, Request, RequestId};
-use ch06::{Batch, ForwardError, Model, NoObserver, PagedCache, StopReason, Tokenizer};
+use crate::request::{Finished, Request, RequestId};
+use ch06::{
+    Batch, ForwardError, Generator, Model, NoObserver, PagedCache, Scratch, StopReason, Tokenizer,
+};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -44,17 +46,25 @@ use std::time::{Duration, Instant};
 /// batch of tokens from many sequences on a paged cache. [`Model`] is one; tests use a fake one
 /// that is fast and checks what the scheduler feeds it.
 pub trait BatchModel {
+    /// The buffers a forward pass keeps from step to step.
+    type Scratch: Default;
     fn n_layer(&self) -> usize;
     /// Width of a key or value row: `n_head_kv * head_dim`.
     fn kv_dim(&self) -> usize;
     fn vocab_size(&self) -> usize;
     /// Positions a sequence may reach.
     fn n_ctx(&self) -> usize;
-    /// Logits `(n_out, vocab)` of the tokens flagged in `batch`, in batch order.
-    fn forward_batch(&self, batch: &Batch, kv: &mut PagedCache) -> Result<Vec<f32>, ForwardError>;
+    /// Logits `(n_out, vocab)` of the tokens flagged in `batch`, in batch order, in `scratch`.
+    fn forward_batch<'s>(
+        &self,
+        batch: &Batch,
+        kv: &mut PagedCache,
+        scratch: &'s mut Self::Scratch,
+    ) -> Result<&'s [f32], ForwardError>;
 }
 
 impl BatchModel for Model {
+    type Scratch = Scratch;
     fn n_layer(&self) -> usize {
         self.config.n_layer
     }
@@ -67,8 +77,13 @@ impl BatchModel for Model {
     fn n_ctx(&self) -> usize {
         self.attention.rope.n_pos()
     }
-    fn forward_batch(&self, batch: &Batch, kv: &mut PagedCache) -> Result<Vec<f32>, ForwardError> {
-        self.forward(batch, kv, &mut NoObserver)
+    fn forward_batch<'s>(
+        &self,
+        batch: &Batch,
+        kv: &mut PagedCache,
+        scratch: &'s mut Scratch,
+    ) -> Result<&'s [f32], ForwardError> {
+        self.forward_with(batch, kv, &mut NoObserver, scratch)
     }
 }
 // ANCHOR_END: batch_model
@@ -214,7 +229,7 @@ struct Seq<'t> {
     slot: Option<usize>,
     /// Positions of `tokens` whose keys and values are in the cache.
     n_kv: usize,
-    out: Output<'t>,
+    out: Generator<'t>,
     cached_tokens: usize,
     computed_tokens: usize,
     preemptions: usize,
@@ -251,6 +266,11 @@ pub struct Scheduler<'m, M: BatchModel> {
     free_slots: Vec<usize>, // sequence numbers of the paged cache not in use
     next_id: RequestId,
     stats: Stats,
+    // Kept from step to step, so that a step allocates little: the batch, the plan and the
+    // activations of the forward pass.
+    batch: Batch,
+    plan: Vec<Chunk>,
+    scratch: M::Scratch,
 }
 // ANCHOR_END: scheduler
 
@@ -287,6 +307,9 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             free_slots: (0..config.max_running).rev().collect(),
             next_id: 0,
             stats: Stats::default(),
+            batch: Batch::default(),
+            plan: Vec::new(),
+            scratch: M::Scratch::default(),
             config,
         })
     }
@@ -373,7 +396,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             tokens: prompt,
             slot: None,
             n_kv: 0,
-            out: Output::new(self.tokenizer, &params),
+            out: Generator::new(self.tokenizer, &params),
             cached_tokens: 0,
             computed_tokens: 0,
             preemptions: 0,
@@ -398,30 +421,33 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     /// requests.
     pub fn step(&mut self, sink: &mut dyn Sink) -> Result<StepReport, SchedulerError> {
         let mut report = StepReport::default();
-        let plan = self.plan(&mut report);
+        let mut plan = std::mem::take(&mut self.plan);
+        self.plan(&mut plan, &mut report);
         if plan.is_empty() && self.seqs.iter().any(|s| s.out.stop.is_none()) {
             // Cannot happen: the oldest request can always run (see the module docs).
             return Err(SchedulerError::Stalled);
         }
 
         // One batch: every planned chunk, logits only where a chunk reaches its last token.
-        let mut batch = Batch::default();
+        self.batch.clear();
         for c in &plan {
             let s = &self.seqs[c.seq];
             report.n_decode += usize::from(!s.out.ids.is_empty() && s.pending() == 1);
             let slot = s.slot.expect("planned sequences run");
             for pos in s.n_kv..s.n_kv + c.n {
-                batch.push(s.tokens[pos], slot, pos, pos + 1 == s.tokens.len());
+                self.batch
+                    .push(s.tokens[pos], slot, pos, pos + 1 == s.tokens.len());
             }
         }
-        let logits = if batch.is_empty() {
-            Vec::new()
+        let logits: &[f32] = if self.batch.is_empty() {
+            &[]
         } else {
-            self.model.forward_batch(&batch, &mut self.kv)?
+            self.model
+                .forward_batch(&self.batch, &mut self.kv, &mut self.scratch)?
         };
         self.stats.steps += 1;
-        self.stats.computed_tokens += batch.len();
-        report.n_tokens = batch.len();
+        self.stats.computed_tokens += self.batch.len();
+        report.n_tokens = self.batch.len();
         report.n_seqs = plan.len();
 
         // Sample for every sequence whose chunk reached its end, in batch order.
@@ -452,6 +478,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             }
         }
         self.retire_finished(&mut report);
+        plan.clear();
+        self.plan = plan;
         Ok(report)
     }
     // ANCHOR_END: step
@@ -459,20 +487,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     // ANCHOR: plan
     /// Decide this step's batch: decodes first, then prompt chunks and admissions oldest
     /// first, preempting and evicting as the module docs describe.
-    fn plan(&mut self, report: &mut StepReport) -> Vec<Chunk> {
-        let mut plan: Vec<Chunk> = Vec::new();
+    fn plan(&mut self, plan: &mut Vec<Chunk>, report: &mut StepReport) {
         let mut budget = self.config.max_batch_tokens;
         // Requests that are done already (max_tokens 0) are not scheduled.
         let live = |s: &Seq| s.out.stop.is_none();
 
         for i in 0..self.seqs.len() {
             if live(&self.seqs[i]) && self.seqs[i].is_decoding() {
-                match self.make_room(i, 1, &mut plan, &mut budget, report) {
+                match self.make_room(i, 1, plan, &mut budget, report) {
                     Some(c) => {
                         budget -= 1;
                         plan.push(c);
                     }
-                    None => self.preempt(i, &mut plan, &mut budget, report),
+                    None => self.preempt(i, plan, &mut budget, report),
                 }
             }
         }
@@ -492,7 +519,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                     && (self.free_slots.is_empty() || budget == 0)
                     && let Some(j) = self.newest_running_after(i)
                 {
-                    self.preempt(j, &mut plan, &mut budget, report);
+                    self.preempt(j, plan, &mut budget, report);
                 }
                 if self.free_slots.is_empty() || budget == 0 {
                     admitting = false; // first come, first served: nobody overtakes it
@@ -504,7 +531,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 continue;
             }
             let want = self.seqs[i].pending().min(budget);
-            match self.make_room(i, want, &mut plan, &mut budget, report) {
+            match self.make_room(i, want, plan, &mut budget, report) {
                 Some(c) => {
                     budget -= c.n;
                     plan.push(c);
@@ -517,7 +544,6 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 None => {} // a running prompt that must wait for blocks
             }
         }
-        plan
     }
     // ANCHOR_END: plan
 

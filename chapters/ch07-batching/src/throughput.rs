@@ -12,7 +12,7 @@ use ch06::{Cached, ForwardError, GenParams, Model, SamplerParams, Tokenizer, gen
 use std::time::{Duration, Instant};
 
 /// Short prompts of different lengths, one per concurrent request.
-pub const PROMPTS: [&str; 8] = [
+pub const PROMPTS: [&str; 16] = [
     "The capital of France is",
     "Once upon a time, in a small village by the sea,",
     "The three primary colors are",
@@ -21,7 +21,18 @@ pub const PROMPTS: [&str; 8] = [
     "Water boils at",
     "My favourite book is",
     "In 1969, the first humans to walk on the Moon",
+    "The recipe for a good bread starts with",
+    "Photosynthesis is the process by which",
+    "Dear Sir or Madam,",
+    "The largest planet in the solar system is",
+    "A haiku about autumn:",
+    "To install the package, run",
+    "The main causes of the French Revolution were",
+    "Rust's borrow checker",
 ];
+
+/// The numbers of concurrent requests the table measures.
+pub const CONCURRENCY: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Tokens generated per prompt.
 pub const N_GENERATE: usize = 16;
@@ -147,3 +158,84 @@ pub fn batched<M: BatchModel>(
     })
 }
 // ANCHOR_END: batched
+
+/// The median of `runs` by `key` (`None` if any run lacks it).
+fn median(runs: &[Run], key: impl Fn(&Run) -> Option<f64>) -> Option<f64> {
+    let mut v: Vec<f64> = runs.iter().map(key).collect::<Option<_>>()?;
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+// ANCHOR: table
+/// The throughput table of `model`: for each of [`CONCURRENCY`], the first that many of
+/// [`PROMPTS`] one at a time and batched, `runs` times each, checking that batching changes
+/// no token; Markdown rows of medians. With `on_cpu`, the speed-up is of tokens per second the
+/// calling thread spent on a CPU (right for a single-threaded engine on a shared machine);
+/// otherwise of wall-clock tokens per second.
+pub fn table(
+    model: &Model,
+    tok: &Tokenizer,
+    runs: usize,
+    on_cpu: bool,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let params = params();
+    let show = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{x:.1}"));
+    let mut out = String::from(
+        "| concurrent requests | one at a time (tok/s on CPU) | batched (tok/s on CPU) | speed-up | one at a time (tok/s wall) | batched (tok/s wall) |\n|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for n in CONCURRENCY {
+        let prompts: Vec<Vec<u32>> = PROMPTS[..n]
+            .iter()
+            .map(|p| tok.encode(p, true, true))
+            .collect();
+        let config = config_for(&prompts, &params);
+        let (mut alone, mut together) = (Vec::new(), Vec::new());
+        for _ in 0..runs.max(1) {
+            alone.push(one_at_a_time(model, tok, &prompts, &params)?);
+            together.push(batched(model, tok, &prompts, &params, config.clone())?);
+        }
+        if alone
+            .iter()
+            .zip(&together)
+            .any(|(a, b)| a.outputs != b.outputs)
+        {
+            return Err(format!("{n} requests: batched tokens differ from one at a time").into());
+        }
+        let cpu = |r: &[Run]| {
+            if on_cpu {
+                median(r, Run::tok_per_cpu_s)
+            } else {
+                None
+            }
+        };
+        let wall = |r: &[Run]| median(r, |r| Some(r.tok_s()));
+        let (a_cpu, b_cpu, a_wall, b_wall) =
+            (cpu(&alone), cpu(&together), wall(&alone), wall(&together));
+        let speedup = match (a_cpu.zip(b_cpu), a_wall.zip(b_wall)) {
+            (Some((a, b)), _) | (None, Some((a, b))) => format!("{:.2}×", b / a),
+            _ => "n/a".to_string(),
+        };
+        out += &format!(
+            "| {n} | {} | {} | {speedup} | {} | {} |\n",
+            show(a_cpu),
+            show(b_cpu),
+            show(a_wall),
+            show(b_wall)
+        );
+    }
+    Ok(out)
+}
+// ANCHOR_END: table
+
+/// The name of this machine's CPU, for the caption of a table.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|n| n.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string())
+}

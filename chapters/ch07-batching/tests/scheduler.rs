@@ -60,6 +60,7 @@ struct FakeModel {
 }
 
 impl BatchModel for FakeModel {
+    type Scratch = Vec<f32>;
     fn n_layer(&self) -> usize {
         1
     }
@@ -72,7 +73,12 @@ impl BatchModel for FakeModel {
     fn n_ctx(&self) -> usize {
         1 << 16
     }
-    fn forward_batch(&self, batch: &Batch, kv: &mut PagedCache) -> Result<Vec<f32>, ForwardError> {
+    fn forward_batch<'s>(
+        &self,
+        batch: &Batch,
+        kv: &mut PagedCache,
+        out: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32], ForwardError> {
         reserve_batch(kv, &batch.at)?;
         for (&t, at) in batch.tokens.iter().zip(&batch.at) {
             kv.store(0, at.seq, at.pos, &[t as f32, at.pos as f32], &[0.0, 0.0]);
@@ -81,7 +87,7 @@ impl BatchModel for FakeModel {
         seqs.sort();
         seqs.dedup();
         self.batches.borrow_mut().push((batch.len(), seqs.len()));
-        let mut out = Vec::new();
+        out.clear();
         for (i, at) in batch
             .at
             .iter()

@@ -1,17 +1,18 @@
-//! The finished engine: load a model (mapped by default), then generate from a prompt or hold
-//! a conversation, streaming text and ending with llama.cpp-style timings.
+//! The finished engine: load a model (mapped by default) with chapter 8's kernels, and run
+//! every prompt through chapter 7's scheduler on a paged KV cache with its prefix cache — one
+//! sequence is the simplest batch, and a conversation finds its earlier turns in the prefix
+//! cache. The command line around it is chapter 4's.
 
-use crate::chat::{Chat, PrefixSession};
 use crate::loader::ViewLoader;
 use crate::mapped::{MapOptions, PageAdvice, SharedBytes, map_gguf, read_gguf};
-use ch08::ch04::{ForwardError, GenParams, Generation, generate};
-use ch08::cli::Args;
+use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
-    ChatTemplate, FastLoader, Gguf, GgufFile, KvError, Model, PoolKind, Tokenizer, new_pool,
+    ChatTemplate, FastLoader, Finished, GenParams, Generation, Gguf, GgufFile, Model, PoolKind,
+    Request, RequestId, Scheduler, SchedulerConfig, Sink, Tokenizer, new_pool,
 };
 use clap::Parser;
+use serde_json::{Map, Value, json};
 use std::error::Error;
-use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,11 +21,7 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "ch10",
-    about = "Run a GGUF model: complete a prompt, or chat (--chat).",
-    mut_arg("chat", |a| a.help(
-        "Chat: the prompt (if any) is the first user message, then one message per line of \
-         stdin, answered through the model's chat template; /exit or end of input stops"
-    ))
+    about = "Run a GGUF model: complete a prompt, or chat (--chat)."
 )]
 pub struct EngineArgs {
     /// Chapter 4's flags: model, prompt, sampling, context size, --json.
@@ -47,9 +44,6 @@ pub struct EngineArgs {
     /// packed weights are a private copy, no longer the mapped pages).
     #[arg(long)]
     pub no_repack: bool,
-    /// The system message of a --chat conversation.
-    #[arg(long)]
-    pub system: Option<String>,
 }
 // ANCHOR_END: args
 
@@ -93,6 +87,8 @@ pub struct Engine {
     /// Open to ready: mapping (or reading), parsing, tokenizer, matrices.
     pub load_time: Duration,
     pub mode: LoadMode,
+    /// Whether the matrices were repacked for chapter 8's micro-kernel (a private copy).
+    pub repacked: bool,
 }
 
 // ANCHOR: load
@@ -100,6 +96,7 @@ impl Engine {
     /// Load the model at `path`, its matrices made by `fast` over the file's bytes.
     pub fn load(path: &Path, mode: LoadMode, fast: FastLoader) -> Result<Engine, Box<dyn Error>> {
         let t0 = Instant::now();
+        let repacked = fast.pack && ch08::matrix::packs(&fast.kernels);
         let (model, gguf) = match mode {
             LoadMode::Map(opts) => {
                 let (file, bytes) = map_gguf(path, &opts)?;
@@ -118,6 +115,7 @@ impl Engine {
             template,
             load_time: t0.elapsed(),
             mode,
+            repacked,
         })
     }
     // ANCHOR_END: load
@@ -200,71 +198,134 @@ pub fn memory_stats() -> Option<MemoryStats> {
     })
 }
 
-/// Work done over a run, for the timing lines.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Totals {
-    pub load: Duration,
-    /// Prompt tokens computed (not those reused from the cache) and the time they took.
-    pub prompt_tokens: usize,
-    pub prompt_eval: Duration,
-    /// Decode steps, each one token fed back, and their time.
-    pub eval_runs: usize,
-    pub eval: Duration,
-    /// Tokens generated, the final end-of-generation token included.
-    pub generated: usize,
+// ANCHOR: scheduled
+/// Positions per block of the paged KV cache (vLLM's default). The prefix cache keeps whole
+/// blocks, so a conversation recomputes at most 15 positions of its prefix per turn; attention
+/// reads keys in runs that end at a block's end, which measured no slower than 64-position
+/// blocks or chapter 5's contiguous cache (900-token prompt, 100 tokens, 2 threads).
+pub const BLOCK_SIZE: usize = 16;
+
+/// Most tokens in one forward pass: a prompt is computed in chunks of this many (chunked
+/// prefill), as chapter 5's sessions do.
+pub const MAX_BATCH_TOKENS: usize = 256;
+
+/// The engine's [`Runner`]: every prompt is a request to chapter 7's scheduler, whose paged
+/// cache holds `n_ctx` positions and whose prefix cache keeps what earlier prompts computed.
+pub struct Scheduled<'m> {
+    pub scheduler: Scheduler<'m, Model>,
+    pub n_ctx: usize,
+    mode: LoadMode,
+    repacked: bool,
 }
 
-impl Totals {
-    fn add(&mut self, g: &Generation, computed: usize) {
-        self.prompt_tokens += computed;
-        self.prompt_eval += g.prefill;
-        self.eval_runs += g.decode_calls;
-        self.eval += g.decode;
-        self.generated += g.ids.len();
+impl<'m> Scheduled<'m> {
+    /// A scheduler over `engine`'s model with room for `n_ctx` positions, running up to
+    /// `parallel` requests at once.
+    pub fn new(engine: &'m Engine, n_ctx: usize, parallel: usize) -> Result<Self, Box<dyn Error>> {
+        let model_ctx = engine.model.config.context_length;
+        if n_ctx == 0 || n_ctx > model_ctx {
+            return Err(format!(
+                "--ctx {n_ctx}: the context must be between 1 and the model's {model_ctx} positions"
+            )
+            .into());
+        }
+        let config = SchedulerConfig {
+            max_batch_tokens: MAX_BATCH_TOKENS.max(parallel),
+            max_running: parallel.max(1),
+            block_size: BLOCK_SIZE,
+            n_blocks: n_ctx.div_ceil(BLOCK_SIZE),
+            prefix_cache: true,
+        };
+        Ok(Scheduled {
+            scheduler: Scheduler::new(&engine.model, &engine.tokenizer, config)?,
+            n_ctx,
+            mode: engine.mode,
+            repacked: engine.repacked,
+        })
     }
+}
 
-    /// The timing lines llama.cpp prints at the end of a run.
-    pub fn report(&self, total: Duration) -> String {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let rate = |d: Duration, n: usize, unit: &str| {
-            if n == 0 {
-                unit.trim_end().to_string()
-            } else {
-                format!(
-                    "{unit} ({:8.2} ms per token, {:8.2} tokens per second)",
-                    ms(d) / n as f64,
-                    n as f64 / d.as_secs_f64()
-                )
+/// Streams the text of one request.
+struct OneRequest<'f> {
+    id: RequestId,
+    on_text: &'f mut dyn FnMut(&str),
+}
+
+impl Sink for OneRequest<'_> {
+    fn text(&mut self, id: RequestId, text: &str) {
+        if id == self.id {
+            (self.on_text)(text)
+        }
+    }
+}
+
+impl Runner for Scheduled<'_> {
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, Box<dyn Error>> {
+        let n_ctx = self.n_ctx;
+        if prompt.len() > n_ctx {
+            return Err(ContextFull {
+                prompt: prompt.len(),
+                n_ctx,
+            }
+            .into());
+        }
+        // Generation stops when the context is full: the last token takes no position.
+        let mut params = params.clone();
+        params.max_tokens = params.max_tokens.min(n_ctx - prompt.len() + 1);
+        let id = self.scheduler.submit(Request {
+            prompt: prompt.to_vec(),
+            params,
+        })?;
+        let mut sink = OneRequest { id, on_text };
+        let done: Finished = loop {
+            let mut report = self.scheduler.step(&mut sink)?;
+            if let Some(i) = report.finished.iter().position(|f| f.id == id) {
+                break report.finished.swap_remove(i);
             }
         };
-        format!(
-            "       load time = {:10.2} ms\n\
-             prompt eval time = {:10.2} ms / {:5} {}\n\
-             \x20      eval time = {:10.2} ms / {:5} {}\n\
-             \x20     total time = {:10.2} ms / {:5} tokens",
-            ms(self.load),
-            ms(self.prompt_eval),
-            self.prompt_tokens,
-            rate(self.prompt_eval, self.prompt_tokens, "tokens"),
-            ms(self.eval),
-            self.eval_runs,
-            rate(self.eval, self.eval_runs, "runs  "),
-            ms(total),
-            self.prompt_tokens + self.eval_runs
-        )
+        Ok(Generation {
+            prompt_ids: prompt.to_vec(),
+            text: done.text,
+            stop: done.stop,
+            reused: done.cached_tokens.min(prompt.len()),
+            prefill: done.ttft,
+            decode: done.latency.saturating_sub(done.ttft),
+            decode_calls: done.ids.len().saturating_sub(1),
+            ids: done.ids,
+        })
+    }
+
+    fn report(&self, json: &mut Map<String, Value>) {
+        let loader = match self.mode {
+            LoadMode::Map(_) => "mmap",
+            LoadMode::Read => "read",
+        };
+        json.insert("loader".into(), loader.into());
+        json.insert("repacked".into(), self.repacked.into());
+        let memory = memory_stats().map(|m| {
+            json!({
+                "peak_rss_kib": m.peak_rss,
+                "rss_kib": m.rss,
+                "rss_anon_kib": m.rss_anon,
+                "rss_file_kib": m.rss_file,
+            })
+        });
+        json.insert("memory".into(), memory.into());
     }
 }
+// ANCHOR_END: scheduled
 
 // ANCHOR: run
-/// Run the engine as `args` say. The prompt (or the chat) is checked before the model loads.
+/// Run the engine as `args` say: chapter 4's command line with this chapter's loading and
+/// chapter 7's scheduler. The flags are checked before the model loads.
 pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     let g = &args.generation;
-    if !g.chat && g.prompt_text().is_empty() {
-        return Err("no prompt: give a PROMPT (or --prompt TEXT), or --chat".into());
-    }
-    if g.chat && g.json {
-        return Err("--json prints one generation as JSON; it does not apply to --chat".into());
-    }
+    cli::check(g)?;
     let path: PathBuf = g.model_path()?;
     let t0 = Instant::now();
     let engine = Engine::load(&path, args.load_mode(), args.fast_loader())?;
@@ -272,152 +333,13 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
         eprintln!("{}", engine.describe(&path));
     }
     let n_ctx = g.ctx.unwrap_or(engine.model.config.context_length);
-    let mut totals = Totals {
-        load: engine.load_time,
-        ..Totals::default()
-    };
-    let stdout = std::io::stdout();
-    let mut print = |s: &str| {
-        let mut out = stdout.lock();
-        let _ = out.write_all(s.as_bytes());
-        let _ = out.flush();
-    };
-    if g.chat {
-        let stdin = std::io::stdin();
-        chat_loop(
-            args,
-            &engine,
-            n_ctx,
-            &mut stdin.lock(),
-            &mut print,
-            &mut totals,
-        )?;
-    } else {
-        let ids = engine.tokenizer.encode(g.prompt_text(), true, true);
-        let mut session = PrefixSession::new(&engine.model, n_ctx);
-        let params = gen_params(g, 0);
-        let mut on_text = |s: &str| {
-            if !g.json {
-                print(s)
-            }
-        };
-        let generation = generate(&mut session, &engine.tokenizer, &ids, &params, &mut on_text)?;
-        totals.add(&generation, ids.len());
-        if g.json {
-            println!(
-                "{}",
-                json_report(&generation, &totals, &engine, t0.elapsed())
-            );
-            return Ok(());
-        }
-        println!();
-    }
-    eprintln!("{}", totals.report(t0.elapsed()));
-    Ok(())
+    let mut runner = Scheduled::new(&engine, n_ctx, 1)?;
+    cli::drive(
+        g,
+        &engine.tokenizer,
+        engine.template.as_ref(),
+        (t0, engine.load_time),
+        &mut runner,
+    )
 }
 // ANCHOR_END: run
-
-/// Generation parameters for turn `turn` (each turn gets its own seed).
-fn gen_params(g: &Args, turn: u64) -> GenParams {
-    let mut sampler = g.sampler();
-    sampler.seed = sampler.seed.wrapping_add(turn);
-    GenParams {
-        max_tokens: g.n,
-        sampler,
-        stop: g.stop.clone(),
-    }
-}
-
-// ANCHOR: chat_loop
-/// Read user messages from `input`, one per line, and answer each; the prompt of `args`, if
-/// any, is the first message. Stops at the end of the input or at `/exit`.
-pub fn chat_loop(
-    args: &EngineArgs,
-    engine: &Engine,
-    n_ctx: usize,
-    input: &mut dyn BufRead,
-    print: &mut dyn FnMut(&str),
-    totals: &mut Totals,
-) -> Result<(), Box<dyn Error>> {
-    let template = engine
-        .template
-        .as_ref()
-        .ok_or("--chat needs a chat template, and the model file has no tokenizer.chat_template")?;
-    let mut chat = Chat::new(
-        &engine.model,
-        &engine.tokenizer,
-        template,
-        args.system.as_deref(),
-        n_ctx,
-    );
-    let interactive = std::io::stdin().is_terminal();
-    let mut first = Some(args.generation.prompt_text().to_string()).filter(|p| !p.is_empty());
-    for turn in 0.. {
-        let message = match first.take() {
-            Some(m) => m,
-            None => {
-                if interactive {
-                    eprint!("> ");
-                }
-                let mut line = String::new();
-                if input.read_line(&mut line)? == 0 {
-                    break;
-                }
-                line.trim().to_string()
-            }
-        };
-        if message == "/exit" {
-            break;
-        }
-        if message.is_empty() {
-            continue;
-        }
-        let t = chat
-            .turn(&message, &gen_params(&args.generation, turn), print)
-            .map_err(|e| match e.downcast_ref::<ForwardError>() {
-                Some(ForwardError::Kv(KvError::Full { .. })) => {
-                    format!("{e}: the conversation outgrew --ctx {n_ctx}; start it again with more")
-                        .into()
-                }
-                _ => e,
-            })?;
-        print("\n");
-        totals.add(&t.generation, t.computed());
-        eprintln!(
-            "[{} prompt tokens, {} kept from the cache; {} generated, {:.1} tok/s]",
-            t.generation.prompt_ids.len(),
-            t.reused,
-            t.generation.ids.len(),
-            t.generation.decode_tok_s()
-        );
-    }
-    Ok(())
-}
-// ANCHOR_END: chat_loop
-
-fn json_report(g: &Generation, t: &Totals, e: &Engine, total: Duration) -> serde_json::Value {
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let mem = memory_stats().map(|m| {
-        serde_json::json!({
-            "peak_rss_kib": m.peak_rss,
-            "rss_kib": m.rss,
-            "rss_anon_kib": m.rss_anon,
-            "rss_file_kib": m.rss_file,
-        })
-    });
-    serde_json::json!({
-        "prompt_ids": g.prompt_ids,
-        "ids": g.ids,
-        "text": g.text,
-        "loader": match e.mode { LoadMode::Map(_) => "mmap", LoadMode::Read => "read" },
-        "load_ms": ms(t.load),
-        "first_token_ms": ms(t.load + g.prefill),
-        "prompt_eval_ms": ms(t.prompt_eval),
-        "eval_ms": ms(t.eval),
-        "eval_runs": t.eval_runs,
-        "total_ms": ms(total),
-        "prefill_tok_s": g.prefill_tok_s(),
-        "decode_tok_s": g.decode_tok_s(),
-        "memory": mem,
-    })
-}

@@ -15,26 +15,24 @@
 //! - [`loader`]: [`ViewLoader`] (a [`MappedLoader`] over a map), the `MatrixLoader` that makes
 //!   chapter 8's fast matrices over views of the file, copying only a tensor whose bytes are
 //!   not aligned for its blocks;
-//! - [`chat`]: [`PrefixSession`], which reuses the KV cache across calls by keeping the longest
-//!   common token prefix, and [`Chat`], a conversation through the model's chat template;
 //! - [`engine`]: [`Engine`] (model, tokenizer and template, loaded one way or another),
-//!   [`EngineArgs`] (chapter 4's flags plus this chapter's) and [`engine::run`], the binary's
-//!   main loop with llama.cpp-style timings.
+//!   [`EngineArgs`] (chapter 4's flags plus this chapter's), [`Scheduled`] (chapter 4's
+//!   `Runner` on chapter 7's scheduler, paged cache and prefix cache) and [`engine::run`].
 //!
-//! The binary (`src/main.rs`) is the finished engine:
+//! The binary (`src/main.rs`) is the finished engine, the sum of the chapters: chapter 4's
+//! command line, chapter 7's scheduler with the paged and prefix caches, chapter 8's kernels
+//! (repacked by default where the CPU has the micro-kernel) and this chapter's mapped file:
 //! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`.
 //!
-//! Left for later, and for the reader: a server in front of chapter 7's scheduler, more model
+//! Left for later, and for the reader: a server in front of the scheduler, more model
 //! architectures than llama, GPU offload, and loading tensors straight from disk into device
 //! memory.
 
-pub mod chat;
 pub mod engine;
 pub mod loader;
 pub mod mapped;
 
-pub use chat::{Chat, PrefixSession, Turn};
-pub use engine::{Engine, EngineArgs, LoadMode, MemoryStats, memory_stats};
+pub use engine::{Engine, EngineArgs, LoadMode, MemoryStats, Scheduled, memory_stats};
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{
     AlignedBuf, MapOptions, MappedBytes, OpenError, PageAdvice, ReadBytes, SharedBytes, map_gguf,

@@ -6,11 +6,11 @@ use clap::{CommandFactory, Parser};
 
 fn main() {
     let args = EngineArgs::parse();
-    if !args.generation.chat && args.generation.prompt_text().is_empty() {
+    if let Err(e) = ch10::cli::check(&args.generation) {
         EngineArgs::command()
             .error(
                 clap::error::ErrorKind::MissingRequiredArgument,
-                "give a PROMPT (or --prompt TEXT), or --chat for a conversation",
+                e.to_string(),
             )
             .exit();
     }

@@ -1,9 +1,9 @@
-//! The finished engine's decode step allocates nothing: the mapped model, chapter 8's kernels
-//! and `SimdCompute`, and the chat session that keeps its cache between turns.
+//! The finished engine's decode step allocates nothing in its forward pass: the mapped model,
+//! chapter 8's kernels and `SimdCompute`, on the paged KV cache chapter 7's scheduler runs.
 //! (`shared`'s counting allocator counts every thread; this file holds one test.)
 
 use ch10::pool::SpinPool;
-use ch10::{Engine, LoadMode, MapOptions, PrefixSession, Session};
+use ch10::{Batch, BatchModel, Engine, LoadMode, MapOptions, PagedCache, Scratch};
 use shared::alloc::allocations;
 use std::sync::Arc;
 
@@ -15,21 +15,37 @@ fn a_decode_step_of_the_finished_engine_allocates_nothing() {
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
     let fast = ch10::FastLoader::new(Arc::new(SpinPool::new(2)));
     let e = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast).unwrap();
-    let mut session = PrefixSession::new(&e.model, 256);
-    let mut tokens = e
+    let c = &e.model.config;
+    let block = ch10::engine::BLOCK_SIZE;
+    let mut kv = PagedCache::new(c.n_layer, e.model.attention.kv_dim(), block, 8);
+    let (mut batch, mut scratch) = (Batch::default(), Scratch::default());
+    let prompt = e
         .tokenizer
         .encode("The history of the printing press", true, true);
-    tokens.reserve(64);
-    session.next_logits(&tokens, tokens.len()).unwrap();
+    batch.set_sequence(0, &prompt, 0, false);
+    e.model
+        .forward_batch(&batch, &mut kv, &mut scratch)
+        .unwrap();
+    let mut pos = prompt.len();
+    let mut step = |i: u32, pos: &mut usize| {
+        batch.set_sequence(0, &[300 + i], *pos, false);
+        e.model
+            .forward_batch(&batch, &mut kv, &mut scratch)
+            .unwrap();
+        *pos += 1;
+    };
     for i in 0..4 {
-        tokens.push(300 + i);
-        session.next_logits(&tokens, 1).unwrap();
+        step(i, &mut pos);
     }
+    // The steps measured cross block boundaries: taking a new block allocates nothing either.
     let before = allocations();
     for i in 0..32 {
-        tokens.push(400 + i);
-        session.next_logits(&tokens, 1).unwrap();
+        step(100 + i, &mut pos);
     }
     let n = allocations() - before;
+    assert!(
+        pos - 32 < 2 * block && pos > 2 * block,
+        "the steps cross no block boundary"
+    );
     assert_eq!(n, 0, "32 decode steps made {n} allocations");
 }

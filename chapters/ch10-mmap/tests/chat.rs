@@ -1,15 +1,15 @@
-//! A conversation reuses its KV cache across turns without changing a bit: the logits of a
-//! turn computed on top of the kept prefix equal those of a fresh cache over the whole
-//! conversation, and the prefix kept is the earlier turns'.
+//! A conversation reuses its KV cache across turns through the scheduler's prefix cache,
+//! without changing a bit: the logits of a turn computed on top of the kept prefix equal those
+//! of a fresh cache over the whole conversation.
 
 use ch10::ch08::sampling::SamplerParams;
-use ch10::engine::{Engine, LoadMode};
-use ch10::{
-    Chat, FastLoader, GenParams, MapOptions, Message, PoolKind, PrefixSession, Session, new_pool,
-};
+use ch10::cli::{Chat, Runner};
+use ch10::engine::{Engine, LoadMode, Scheduled};
+use ch10::{FastLoader, GenParams, MapOptions, PoolKind, Request, Sink, new_pool};
 use std::sync::OnceLock;
 
-/// Chapter 8's matrices over the file's own rows (no repacking), on one thread.
+/// Chapter 8's matrices over the file's own rows (no repacking), on one thread: the same
+/// products whether a token comes in a prompt chunk or a decode step, so the bits can match.
 fn fast() -> FastLoader {
     let mut f = FastLoader::new(new_pool(PoolKind::Spin, 1));
     f.pack = false;
@@ -24,8 +24,36 @@ fn engine() -> &'static Engine {
     })
 }
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
+fn greedy(n: usize) -> GenParams {
+    GenParams {
+        max_tokens: n,
+        sampler: SamplerParams::greedy(),
+        stop: Vec::new(),
+    }
+}
+
+/// Keeps the logits of the first token of every request.
+#[derive(Default)]
+struct FirstLogits(Vec<Vec<u32>>);
+
+impl Sink for FirstLogits {
+    fn token(&mut self, _id: usize, _token: u32, logits: &[f32]) {
+        self.0.push(logits.iter().map(|v| v.to_bits()).collect());
+    }
+}
+
+/// The bits of the first logits of `prompt` through `runner`'s scheduler.
+fn first_logits(runner: &mut Scheduled, prompt: &[u32]) -> (Vec<u32>, usize) {
+    runner
+        .scheduler
+        .submit(Request {
+            prompt: prompt.to_vec(),
+            params: greedy(1),
+        })
+        .unwrap();
+    let mut sink = FirstLogits::default();
+    let done = runner.scheduler.run(&mut sink).unwrap();
+    (sink.0.remove(0), done[0].cached_tokens)
 }
 
 #[test]
@@ -35,67 +63,85 @@ fn a_second_turn_reuses_the_first_and_computes_the_same_logits() {
         .template
         .as_ref()
         .expect("the default model has a chat template");
-    let mut chat = Chat::new(&e.model, &e.tokenizer, template, Some("Be concise."), 256);
-    let params = GenParams {
-        max_tokens: 4,
-        sampler: SamplerParams::greedy(),
-        stop: Vec::new(),
-    };
+    let mut runner = Scheduled::new(e, 512, 1).unwrap();
+    let mut chat = Chat::new(&e.tokenizer, template, Some("Be concise."));
     let first = chat
-        .turn("Name three colors.", &params, &mut |_| {})
+        .turn("Name three colors.", &mut runner, &greedy(8), &mut |_| {})
         .unwrap();
     assert_eq!(first.reused, 0);
     assert_eq!(chat.messages.len(), 3, "system, user, assistant");
 
-    chat.messages.push(Message::new("user", "And two animals?"));
+    chat.messages
+        .push(ch10::Message::new("user", "And two animals?"));
     let ids = chat.prompt_ids().unwrap();
-    let kept = chat.session.reusable(&ids);
-    // At least the whole first prompt is kept (the answer, re-tokenized, usually too).
+    let (reused, kept) = first_logits(&mut runner, &ids);
+    // The whole blocks of the first prompt are kept (of the answer, those the re-tokenized
+    // text shares).
+    let block = ch10::engine::BLOCK_SIZE;
+    let whole = first.prompt_ids.len() / block * block;
     assert!(
-        kept >= first.generation.prompt_ids.len(),
-        "kept {kept} of {} tokens, the first prompt had {}",
+        kept >= whole && kept > 0,
+        "kept {kept} of {} tokens; the first prompt had {} ({whole} in whole blocks)",
         ids.len(),
-        first.generation.prompt_ids.len()
+        first.prompt_ids.len()
     );
-    assert_eq!(ids[..kept], chat.session.cached()[..kept]);
-    let reused = chat.session.next_logits(&ids, ids.len()).unwrap();
-    let fresh = PrefixSession::new(&e.model, 256)
-        .next_logits(&ids, ids.len())
-        .unwrap()
-        .to_vec();
-    assert_eq!(bits(reused), bits(&fresh));
-    assert_eq!(chat.session.cached(), &ids[..]);
+    let (fresh, none) = first_logits(&mut Scheduled::new(e, 512, 1).unwrap(), &ids);
+    assert_eq!(none, 0);
+    assert!(
+        reused == fresh,
+        "logits on the kept prefix differ from a fresh cache's"
+    );
 }
 
 #[test]
-fn the_cache_follows_any_sequence_and_survives_a_full_cache() {
+fn a_turn_reports_what_it_reused() {
     let e = engine();
-    let mut s = PrefixSession::new(&e.model, 8);
-    let a = [1u32, 2, 3, 4, 5];
-    s.next_logits(&a, a.len()).unwrap();
-    assert_eq!(s.cached(), &a);
-    // The same sequence again: all but the last token are kept, the last is recomputed.
-    assert_eq!(s.reusable(&a), 4);
-    // A sequence that diverges at index 2 keeps two tokens.
-    let b = [1u32, 2, 9, 9];
-    assert_eq!(s.reusable(&b), 2);
-    let got = s.next_logits(&b, 1).unwrap().to_vec();
-    assert_eq!(s.cached(), &b);
-    let want = PrefixSession::new(&e.model, 8)
-        .next_logits(&b, b.len())
-        .unwrap()
-        .to_vec();
-    assert_eq!(bits(&got), bits(&want));
-    // Past the capacity: an error, and the session still knows what its cache holds.
-    let long: Vec<u32> = (1..=12).collect();
-    let err = s.next_logits(&long, 10).unwrap_err();
-    assert!(err.to_string().contains('8'), "{err}");
-    // The whole batch was refused before anything was written: only the kept prefix remains.
-    assert_eq!(s.cached(), &long[..2]);
-    let got = s.next_logits(&a, 1).unwrap().to_vec();
-    let want = PrefixSession::new(&e.model, 8)
-        .next_logits(&a, a.len())
-        .unwrap()
-        .to_vec();
-    assert_eq!(bits(&got), bits(&want));
+    let template = e.template.as_ref().unwrap();
+    let mut runner = Scheduled::new(e, 512, 1).unwrap();
+    let mut chat = Chat::new(&e.tokenizer, template, None);
+    let a = chat
+        .turn("Hello!", &mut runner, &greedy(4), &mut |_| {})
+        .unwrap();
+    let b = chat
+        .turn(
+            "What is two plus two?",
+            &mut runner,
+            &greedy(4),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(a.reused, 0);
+    assert!(
+        b.reused > 0 && b.reused < b.prompt_ids.len(),
+        "{}",
+        b.reused
+    );
+    assert_eq!(
+        b.reused % ch10::engine::BLOCK_SIZE,
+        0,
+        "whole blocks are reused"
+    );
+    assert_eq!(b.computed() + b.reused, b.prompt_ids.len());
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_refused_and_generation_stops_when_it_is_full() {
+    let e = engine();
+    let mut runner = Scheduled::new(e, 16, 1).unwrap();
+    let long: Vec<u32> = (1..=17).collect();
+    let err = runner
+        .generate(&long, &greedy(4), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("17 tokens") && err.contains("--ctx 16"),
+        "{err}"
+    );
+    let g = runner
+        .generate(&long[..12], &greedy(100), &mut |_| {})
+        .unwrap();
+    // 12 prompt positions, then 4 fed back, and the last token needs none.
+    assert!(g.ids.len() <= 5, "{} tokens", g.ids.len());
+    let err = Scheduled::new(e, 100_000, 1).err().unwrap().to_string();
+    assert!(err.contains("--ctx 100000"), "{err}");
 }

@@ -136,7 +136,7 @@ fn a_chat_that_outgrows_its_context_says_so() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("the KV cache is full") && err.contains("outgrew --ctx 48"),
+        err.contains("--ctx 48") && err.contains("outgrew the context"),
         "{err}"
     );
 }

@@ -8,8 +8,8 @@ use ch10::ch08::gguf_write::GgufWriter;
 use ch10::ch08::kernels::KernelSet;
 use ch10::ch08::sampling::argmax;
 use ch10::{
-    FastLoader, MapOptions, Model, PageAdvice, PoolKind, PrefixSession, Session, ViewLoader,
-    map_gguf, new_pool, read_gguf,
+    Cached, FastLoader, MapOptions, Model, PageAdvice, PoolKind, Session, ViewLoader, map_gguf,
+    new_pool, read_gguf,
 };
 use shared::refdata;
 use std::path::PathBuf;
@@ -50,11 +50,12 @@ fn reference() -> (Vec<u32>, Vec<u32>) {
 
 /// Greedy generation of up to `STEPS` tokens, returning the tokens and every step's logits.
 fn greedy(model: &Model, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut session = PrefixSession::new(model, 64);
+    let mut session = Cached::contiguous(model, Some(64));
     let mut tokens = prompt.to_vec();
     let (mut ids, mut logits) = (Vec::new(), Vec::new());
-    for _ in 0..STEPS {
-        let l = session.next_logits(&tokens, 1).unwrap().to_vec();
+    for step in 0..STEPS {
+        let n_new = if step == 0 { tokens.len() } else { 1 };
+        let l = session.next_logits(&tokens, n_new).unwrap().to_vec();
         let next = argmax(&l) as u32;
         ids.push(next);
         logits.push(l);
@@ -198,11 +199,11 @@ fn misaligned_tensors_are_copied_once_and_compute_the_same() {
     let aligned_loader = ViewLoader::new(bytes, fast());
     let aligned = Model::load(&aligned_file, &aligned_loader).unwrap();
     let (prompt, _) = reference();
-    let a = PrefixSession::new(&model, 16)
+    let a = Cached::contiguous(&model, Some(16))
         .next_logits(&prompt, prompt.len())
         .unwrap()
         .to_vec();
-    let b = PrefixSession::new(&aligned, 16)
+    let b = Cached::contiguous(&aligned, Some(16))
         .next_logits(&prompt, prompt.len())
         .unwrap()
         .to_vec();

@@ -1,6 +1,6 @@
 //! Generate text with chapter 8's engine: SIMD kernels, packed rows, products on threads.
 //!
-//! cargo run --release -p ch08 --example generate -- --prompt "The capital of France is" -n 64 --temp 0 --threads 2
+//! cargo run --release -p ch08 --example generate_simd -- --prompt "The capital of France is" -n 64 --temp 0 --threads 2
 
 use ch08::cli::{self, Args};
 use ch08::pool::{PoolKind, new_pool};

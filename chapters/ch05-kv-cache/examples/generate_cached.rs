@@ -1,6 +1,6 @@
 //! Generate text with chapter 5's engine: f32 weights, with a KV cache.
 //!
-//! cargo run --release -p ch05 --example generate -- --prompt "The capital of France is" -n 64 --temp 0
+//! cargo run --release -p ch05 --example generate_cached -- --prompt "The capital of France is" -n 64 --temp 0
 
 use ch05::{Cached, DenseLoader, Model};
 
