@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 /// The format version this code reads; `manifest.json` must carry the same.
 pub const FORMAT_VERSION: u64 = 1;
 
+/// The file types `quant/variants.json` holds besides the original Q4_1 model: what
+/// `scripts/export-reference` has llama.cpp quantize the default model to (its `quant.py`).
+/// The tests rebuild each one and check that the data has them all.
+pub const QUANT_VARIANTS: [&str; 4] = ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K"];
+
 const HINT: &str = "hint: reference data is produced by `scripts/export-reference` (see README.md, \
                     \"Reference data\"); re-run it and commit reference-data/";
 
@@ -248,8 +253,7 @@ mod tests {
     #[test]
     fn reads_f32_f16_and_i32_tensors() {
         use safetensors::tensor::TensorView;
-        let dir = std::env::temp_dir().join(format!("llm-rs-refdata-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
         let f: Vec<u8> = [1.5f32, -2.0]
             .iter()
             .flat_map(|x| x.to_le_bytes())
@@ -266,7 +270,7 @@ mod tests {
         ];
         let bytes = safetensors::serialize(views, None).unwrap();
         let file = TensorFile {
-            path: dir.join("t.safetensors"),
+            path: dir.path().join("t.safetensors"),
             bytes,
         };
         assert_eq!(file.names(), ["a", "b", "c"]);
@@ -275,6 +279,5 @@ mod tests {
         assert_eq!(file.f32("b").unwrap().data, vec![0.25]);
         assert_eq!(file.i64("c").unwrap(), (vec![3], vec![7, 9, 11]));
         assert!(file.f32("c").is_err() && file.f32("zz").is_err());
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

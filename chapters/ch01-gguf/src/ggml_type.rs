@@ -137,6 +137,15 @@ impl GgmlType {
         GgmlType::ALL.iter().copied().find(|t| t.id() == id)
     }
 
+    /// The type named `name` (`"Q4_K"`, or `"q4_k"`: case is ignored, as `llama-quantize`'s
+    /// `--tensor-type` ignores it), or `None` for an unknown name.
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        GgmlType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+
     /// ggml's numeric id for this type.
     pub const fn id(self) -> u32 {
         self as u32
@@ -220,6 +229,21 @@ mod tests {
         }
         // ALL is in id order, so a type added in the wrong place shows up here.
         assert!(GgmlType::ALL.windows(2).all(|w| w[0].id() < w[1].id()));
+    }
+
+    #[test]
+    fn names_round_trip_in_any_case() {
+        for t in GgmlType::ALL {
+            assert_eq!(GgmlType::from_name(t.name()), Some(t), "{t}");
+            assert_eq!(
+                GgmlType::from_name(&t.name().to_lowercase()),
+                Some(t),
+                "{t}"
+            );
+        }
+        for unknown in ["", "Q4", "Q4_K_M", "F32 ", "Q4_0x"] {
+            assert_eq!(GgmlType::from_name(unknown), None, "{unknown:?}");
+        }
     }
 
     #[test]

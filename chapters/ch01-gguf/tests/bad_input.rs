@@ -461,14 +461,13 @@ fn overlapping_tensors() {
 
 #[test]
 fn open_names_the_file() {
-    let dir = std::env::temp_dir().join(format!("ch01-bad-input-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let missing = dir.join("missing.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.gguf");
     let e = GgufFile::open(&missing).err().unwrap();
     assert!(matches!(e, GgufError::Io { .. }));
     assert!(e.to_string().contains("missing.gguf"), "{e}");
 
-    let bad = dir.join("bad.gguf");
+    let bad = dir.path().join("bad.gguf");
     let mut bytes = sample().build();
     put_u64(&mut bytes, 8, 1 << 40);
     std::fs::write(&bad, &bytes).unwrap();
@@ -479,7 +478,6 @@ fn open_names_the_file() {
         "{msg}"
     );
     assert_eq!(e.parse_error().map(|p| p.offset), Some(8));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

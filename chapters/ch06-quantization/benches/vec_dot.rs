@@ -4,8 +4,7 @@
 //! SIMD versions to the same groups. The result is checked against the f64 dot product of the
 //! dequantized values before anything is timed.
 
-use ch06::ch01::GgmlType;
-use ch06::quants::type_traits;
+use ch06::quants::{WEIGHT_TYPES, type_traits};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 
@@ -14,26 +13,10 @@ const N: usize = 4096;
 /// Relative to the sum of |products|: f32 rounding, and Q8_1's f16 `s` (2^-11).
 const CHECK_TOL: f64 = 1e-3;
 
-const TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 fn vec_dot(c: &mut Criterion) {
     let w: Vec<f32> = (0..N).map(|i| (i as f32 * 0.37).sin() * 0.05).collect();
     let a: Vec<f32> = (0..N).map(|i| (i as f32 * 0.11).cos()).collect();
-    for ty in TYPES {
+    for ty in WEIGHT_TYPES {
         let t = type_traits(ty).unwrap();
         let act = type_traits(t.vec_dot_type).unwrap();
         let mut qw = vec![0u8; N / t.block_size * t.type_size];

@@ -10,6 +10,7 @@
 //! prints the mean and the largest KL over the positions, how often the two agree on the most
 //! likely token, and each model's perplexity on the paragraph.
 
+use ch06::agreement::{kl_divergence_of_log_probs, log_softmax};
 use ch06::ch01::GgufFile;
 use ch06::sampling::argmax;
 use ch06::{Batch, Model, NoObserver, QuantLoader, Tokenizer};
@@ -48,26 +49,6 @@ struct Args {
     #[arg(long)]
     json: bool,
 }
-
-/// `ln softmax(x)`, in f64: the probabilities of unlikely tokens are tiny, and KL sums many
-/// small differences of their logarithms.
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
-    let log_z = max + sum.ln();
-    x.iter().map(|&v| v as f64 - log_z).collect()
-}
-
-// ANCHOR: kl
-/// KL(P ‖ Q) from the log-probabilities of P and Q.
-fn kl_divergence(log_p: &[f64], log_q: &[f64]) -> f64 {
-    log_p
-        .iter()
-        .zip(log_q)
-        .map(|(&lp, &lq)| lp.exp() * (lp - lq))
-        .sum()
-}
-// ANCHOR_END: kl
 
 type Error = Box<dyn std::error::Error>;
 
@@ -116,19 +97,23 @@ fn compare(reference: &Run, test: &Run) -> Stats {
     let (ref_logits, test_logits) = (&reference.logits, &test.logits);
     let mut kl = vec![];
     let (mut same, mut nll_ref, mut nll_test) = (0, 0.0, 0.0);
+    // ANCHOR: kl
     for (t, (r, q)) in ref_logits
         .chunks_exact(vocab)
         .zip(test_logits.chunks_exact(vocab))
         .enumerate()
     {
+        // In f64 (`ch06::agreement`, the tests' KL): the probabilities of unlikely tokens are
+        // tiny, and KL sums many small differences of their logarithms.
         let (lp, lq) = (log_softmax(r), log_softmax(q));
-        kl.push(kl_divergence(&lp, &lq));
+        kl.push(kl_divergence_of_log_probs(&lp, &lq));
         same += usize::from(argmax(r) == argmax(q));
         if let Some(&next) = ids.get(t + 1) {
             nll_ref -= lp[next as usize];
             nll_test -= lq[next as usize];
         }
     }
+    // ANCHOR_END: kl
     let n = kl.len() as f64;
     let mean = kl.iter().sum::<f64>() / n;
     kl.sort_by(f64::total_cmp);

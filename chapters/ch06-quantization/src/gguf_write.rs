@@ -535,8 +535,8 @@ mod tests {
 
     #[test]
     fn a_failed_write_leaves_no_file() {
-        let dir = std::env::temp_dir().join(format!("ch06-gguf-write-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let out = dir.join("out.gguf");
         let w = writer();
 
@@ -577,6 +577,5 @@ mod tests {
             .write_file(dir.join("missing").join("x.gguf"), data)
             .unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -17,18 +17,22 @@
 //! - [`recipe`]: llama.cpp's choice of type for each tensor of a file type such as Q4_K_M
 //!   ([`Plan`](recipe::Plan)), lists of per-tensor types, and `llama_model_quantize`
 //!   ([`quantize_gguf`](recipe::quantize_gguf)).
+//! - [`agreement`]: how a quantized model is judged against llama.cpp (or another engine):
+//!   KL divergence and mean |Δlogit| of the next-token distribution, and teacher-forced greedy
+//!   tokens that may differ only at near-ties, with the named tolerances every such check uses.
 //!
 //! Left for later: SIMD versions of the dot products, chosen at run time and tested against
 //! these scalar ones, and threads (chapter 8); weights mapped from the file instead of copied
 //! (chapter 10).
 
+pub mod agreement;
 pub mod gguf_write;
 pub mod qmatrix;
 pub mod quants;
 pub mod recipe;
 
 pub use qmatrix::{QMatrix, QuantLoader, RequantLoader, requantize};
-pub use quants::{Block, TypeTraits, quantize_chunk, type_traits};
+pub use quants::{Block, TypeTraits, WEIGHT_TYPES, quantize_chunk, type_traits};
 
 /// Everything earlier chapters offer, so `ch06` reads as "the engine as of chapter 6".
 pub use ch05::{self, *};

@@ -642,13 +642,9 @@ impl TypeList {
             let [name, ty] = fields[..] else {
                 return Err(err(format!("expected `name TYPE`, found {content:?}")));
             };
-            let ty = GgmlType::ALL
-                .into_iter()
-                .find(|t| t.name().eq_ignore_ascii_case(ty))
-                .ok_or_else(|| err(format!("unknown ggml type {ty:?}")))?;
-            if crate::quants::type_traits(ty).is_none()
-                || matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K)
-            {
+            let ty =
+                GgmlType::from_name(ty).ok_or_else(|| err(format!("unknown ggml type {ty:?}")))?;
+            if !crate::quants::WEIGHT_TYPES.contains(&ty) {
                 return Err(err(format!("no weight quantizer for {ty} here")));
             }
             if let Some(prev) = entries.iter().find(|e| e.name == name) {

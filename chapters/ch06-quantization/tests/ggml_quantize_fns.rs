@@ -3,7 +3,7 @@
 //! passes here passes where ggml's does.
 
 use ch06::ch01::GgmlType;
-use ch06::quants::{TypeTraits, type_traits};
+use ch06::quants::{TypeTraits, WEIGHT_TYPES, type_traits};
 
 // ggml's bounds, with ggml's names and values.
 const MAX_QUANTIZATION_REFERENCE_ERROR: f32 = 0.0001;
@@ -15,23 +15,6 @@ const MAX_DOT_PRODUCT_ERROR_LOWBIT: f32 = 0.04;
 
 /// ggml's `test_size`: 128 blocks of 32.
 const TEST_SIZE: usize = 32 * 128;
-
-/// Every weight type with a quantizer, a dequantizer and a dot product.
-const TYPES: [GgmlType; 13] = [
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::F32,
-];
 
 /// ggml's `generate_data`: `0.1 + amplitude * cos(i + offset)`, the sum taken in double.
 fn generate_data(offset: f32, n: usize, amplitude: f32) -> Vec<f32> {
@@ -89,7 +72,7 @@ fn quantization_and_dot_product_errors_are_within_ggml_bounds() {
     let data2 = generate_data(1.0, TEST_SIZE, 2.0);
     let mut report = String::new();
     let mut failed = vec![];
-    for ty in TYPES {
+    for ty in WEIGHT_TYPES {
         let t = type_traits(ty).unwrap();
         let max_quantization_error = match ty {
             GgmlType::Q2_K => MAX_QUANTIZATION_TOTAL_ERROR_2BITS,

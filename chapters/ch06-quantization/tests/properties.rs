@@ -3,7 +3,7 @@
 //! quantizing to the activation format is the identity on its own dequantized values.
 
 use ch06::ch01::GgmlType;
-use ch06::quants::{TypeTraits, type_traits};
+use ch06::quants::{TypeTraits, WEIGHT_TYPES, type_traits};
 use proptest::prelude::*;
 
 // ggml's bound (`tests/test-quantize-fns.cpp`) on `|dot - reference| / n`.
@@ -23,22 +23,6 @@ const F16_SUBNORMAL_STEP: f64 = 5.960464477539063e-8; // 2^-24
 /// Re-quantizing dequantized activations: Q8_0/Q8_1 land on the same f16 scale exactly; Q8_K's
 /// f32 scale is recomputed from a rounded product, a few ulps away.
 const REQUANT_TOL: f32 = 1e-6;
-
-const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
 
 fn quantize(t: &TypeTraits, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; x.len() / t.block_size * t.type_size];

@@ -13,15 +13,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A directory removed when the test ends, pass or fail.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn quantizing_to_q8_0_writes_llama_cpps_file() {
     let json = shared::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
@@ -33,9 +24,9 @@ fn quantizing_to_q8_0_writes_llama_cpps_file() {
     );
 
     let input = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    let dir = TempDir(std::env::temp_dir().join(format!("ch06-quantize-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let out = dir.0.join("model.Q8_0.gguf");
+    // Removed when the test ends, pass or fail.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model.Q8_0.gguf");
     let plan = Plan::new(&input.gguf, LlamaFtype::Q8_0).unwrap();
     let report = quantize_gguf(&input, &plan, &out).unwrap();
 

@@ -1,26 +1,24 @@
 //! llama.cpp's choice of type for every tensor, reproduced.
 //!
 //! `quant/variants.json` lists, for each file type llama.cpp quantized the default model to
-//! (Q8_0, Q4_0, Q4_K_M, Q6_K), every tensor's name and type in the order of the file
+//! (`shared::refdata::QUANT_VARIANTS`), every tensor's name and type in the order of the file
 //! llama.cpp wrote. The recipe must choose the same type for every tensor, and list them in the
 //! same order. The other tests here check rules this model does not reach, on made-up tensors.
 
 use ch06::ch01::gguf::ValueType;
 use ch06::ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
 use ch06::recipe::{LlamaFtype, Plan, TypeList, allows_quantization, fallback};
+use shared::refdata::QUANT_VARIANTS;
 
 fn type_named(name: &str) -> GgmlType {
-    GgmlType::ALL
-        .into_iter()
-        .find(|t| t.name() == name)
-        .unwrap_or_else(|| panic!("quant/variants.json: unknown type {name}"))
+    GgmlType::from_name(name).unwrap_or_else(|| panic!("quant/variants.json: unknown type {name}"))
 }
 
 #[test]
 fn the_recipe_chooses_llama_cpps_type_for_every_tensor() {
     let json = shared::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
     let model = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    let mut checked = vec![];
+    let (mut checked, mut variants) = (vec![], vec![]);
     for (variant, v) in json["variants"].as_object().expect("a `variants` object") {
         // The original Q4_1 file was made by another tool from the original weights.
         let Some(id) = v["ftype"].as_u64() else {
@@ -61,12 +59,12 @@ fn the_recipe_chooses_llama_cpps_type_for_every_tensor() {
             "{variant}: same types, but not in llama.cpp's order"
         );
         checked.push(format!("{variant}: {:?}", plan.type_counts()));
+        variants.push(variant.as_str());
     }
-    assert_eq!(
-        checked.len(),
-        4,
-        "expected the Q8_0, Q4_0, Q4_K_M and Q6_K variants"
-    );
+    let mut want = QUANT_VARIANTS.to_vec();
+    want.sort();
+    variants.sort();
+    assert_eq!(variants, want, "the variants quant/variants.json holds");
     println!("{}", checked.join("\n"));
 }
 
@@ -305,9 +303,8 @@ fn bad_lists_are_refused_with_the_line() {
         let got = err(text);
         assert!(got.contains(want), "{text:?}: {got}");
     }
-    let missing = std::env::temp_dir()
-        .join("no-such-dir-ch06")
-        .join("types.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir").join("types.txt");
     let e = TypeList::read(&missing).unwrap_err().to_string();
     assert!(e.contains("types.txt"), "{e}");
 }

@@ -45,9 +45,7 @@ fn variants() -> Vec<(String, Vec<Tensor>)> {
             .map(|t| {
                 let field = |k: &str| t[k].as_str().unwrap_or_else(|| bad(&format!("{k} in {t}")));
                 let ty_name = field("type");
-                let ty = GgmlType::ALL
-                    .into_iter()
-                    .find(|ty| ty.name() == ty_name)
+                let ty = GgmlType::from_name(ty_name)
                     .unwrap_or_else(|| bad(&format!("unknown type {ty_name}")));
                 let ne = t["ne"]
                     .as_array()
@@ -74,7 +72,7 @@ fn hex(bytes: &[u8]) -> String {
 fn quantizing_the_dequantized_model_reproduces_llama_cpp_variants() {
     let variants = variants();
     let names: Vec<&str> = variants.iter().map(|(v, _)| v.as_str()).collect();
-    for want in ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K"] {
+    for want in shared::refdata::QUANT_VARIANTS {
         assert!(names.contains(&want), "quant/variants.json lacks {want}");
     }
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));

@@ -72,17 +72,28 @@ pub enum PackedType {
 }
 
 impl PackedType {
+    /// Every packed type, so that tests cover each one.
+    pub const ALL: [PackedType; 7] = {
+        use PackedType::*;
+        [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K]
+    };
+
+    /// The ggml type whose blocks this packs.
+    pub const fn ggml_type(self) -> GgmlType {
+        match self {
+            PackedType::Q4_0 => GgmlType::Q4_0,
+            PackedType::Q4_1 => GgmlType::Q4_1,
+            PackedType::Q5_0 => GgmlType::Q5_0,
+            PackedType::Q5_1 => GgmlType::Q5_1,
+            PackedType::Q8_0 => GgmlType::Q8_0,
+            PackedType::Q4_K => GgmlType::Q4_K,
+            PackedType::Q6_K => GgmlType::Q6_K,
+        }
+    }
+
+    /// The packed type of `ty`, or `None` where `ty` has no packed layout.
     pub fn of(ty: GgmlType) -> Option<PackedType> {
-        Some(match ty {
-            GgmlType::Q4_0 => PackedType::Q4_0,
-            GgmlType::Q4_1 => PackedType::Q4_1,
-            GgmlType::Q5_0 => PackedType::Q5_0,
-            GgmlType::Q5_1 => PackedType::Q5_1,
-            GgmlType::Q8_0 => PackedType::Q8_0,
-            GgmlType::Q4_K => PackedType::Q4_K,
-            GgmlType::Q6_K => PackedType::Q6_K,
-            _ => return None,
-        })
+        PackedType::ALL.into_iter().find(|p| p.ggml_type() == ty)
     }
 
     /// Weights per block.

@@ -27,22 +27,10 @@ use std::sync::OnceLock;
 /// `avx512vnni`, `neon` or `neondotprod`.
 pub const KERNELS_ENV: &str = "LLM_RS_KERNELS";
 
-/// The weight types with kernels, in the order [`KernelSet::describe`] lists them.
-pub const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// The weight types with kernels, in the order [`KernelSet::describe`] lists them: chapter 6's
+/// list, since every type with a scalar kernel has a kernel in every set (its own, or one from
+/// the set below it).
+pub use crate::ch06::quants::WEIGHT_TYPES;
 
 /// An instruction set the kernels can be built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

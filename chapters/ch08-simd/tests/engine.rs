@@ -1,17 +1,18 @@
 //! The whole model through the fast path: against llama.cpp, and against chapter 6's scalar
 //! engine.
 //!
-//! Against llama.cpp the checks are chapter 6's (`chapters/ch06-quantization/tests/model.rs`
-//! explains them): activations are quantized to 8 bits before every product, a last-bit
-//! difference flips a code now and then and the flip cascades, so what is compared is the
-//! next-token distribution (KL divergence, mean |Δlogit|) and the greedy token at every step
-//! of llama.cpp's continuation, except where two candidates are closer than that noise.
+//! Against llama.cpp the check is chapter 6's, the same function (`ch06::agreement` explains
+//! it): activations are quantized to 8 bits before every product, a last-bit difference flips
+//! a code now and then and the flip cascades, so what is compared is the next-token
+//! distribution (KL divergence, mean |Δlogit|) and the greedy token at every step of
+//! llama.cpp's continuation, except where two candidates are closer than that noise.
 //!
 //! Against chapter 6 the fast path is exact where it can be: the packed micro-kernel repeats
 //! the scalar kernel's operations lane by lane and the SIMD quantizers give the scalar bytes,
 //! so a model whose matrices are all packed (the default Q4_1 file) gives chapter 6's logits
 //! bit for bit — whatever the threads, and whether the tokens come in one batch or one by one.
 
+use ch08::agreement::{MAX_KL, check_tie_fraction, greedy_step, kl_divergence, teacher_forced};
 use ch08::ch01::{GgmlType, Gguf, GgufFile, TensorInfo};
 use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
 use ch08::kernels::{Isa, KernelSet};
@@ -26,17 +27,6 @@ use shared::refdata::{self, TensorFile};
 use shared::{Tolerance, assert_close};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// KL(P_llama.cpp || P_ours) after the prompt: chapter 6 observed up to 2.2e-2 (Q4_0) with its
-/// scalar engine; a wrong scale, layout or activation format gives KL of order 1 or more.
-const MAX_KL: f64 = 0.05;
-/// Mean |logit difference| over the vocabulary: chapter 6 observed 0.14–0.34.
-const MAX_MEAN_ABS_LOGIT: f32 = 0.5;
-/// Greedy steps where our top token and llama.cpp's are closer than this in our logits may
-/// disagree: the noise of one flipped activation code moves the gap by up to 0.4 (chapter 6).
-const TIE_MARGIN: f32 = 0.4;
-/// At most this fraction of greedy steps may disagree within the margin.
-const MAX_TIE_FRACTION: f64 = 0.05;
 
 /// `SimdCompute` vs the scalar reference on f32 weights, logits: the attention, norms and
 /// SwiGLU outputs differ by ~1e-6 relative (see `tests/compute.rs`), and 30 layers carry that
@@ -100,9 +90,7 @@ fn variant_types(v: &serde_json::Value) -> HashMap<String, GgmlType> {
         .iter()
         .map(|t| {
             let ty = t["type"].as_str().unwrap();
-            let ty = GgmlType::ALL
-                .into_iter()
-                .find(|g| g.name() == ty)
+            let ty = GgmlType::from_name(ty)
                 .unwrap_or_else(|| panic!("quant/variants.json: unknown type {ty}"));
             (t["name"].as_str().unwrap().to_string(), ty)
         })
@@ -115,23 +103,6 @@ fn ids(x: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|i| i.as_u64().unwrap() as u32)
         .collect()
-}
-
-fn softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f64> = l.iter().map(|&x| ((x - m) as f64).exp()).collect();
-    let s: f64 = e.iter().sum();
-    e.iter().map(|x| x / s).collect()
-}
-
-/// KL(P || Q) of the distributions two rows of logits give, `want` being P.
-fn kl_divergence(want: &[f32], got: &[f32]) -> f64 {
-    let (p, q) = (softmax(want), softmax(got));
-    p.iter()
-        .zip(&q)
-        .filter(|(a, _)| **a > 0.0)
-        .map(|(a, b)| a * (a / b).ln())
-        .sum()
 }
 
 /// Logits of every position of `tokens`, in one batch.
@@ -152,7 +123,7 @@ fn the_fast_path_matches_llama_cpp() {
     let want_logits =
         TensorFile::open("quant/logits.safetensors").unwrap_or_else(|e| panic!("{e}"));
     let fast = loader(KernelSet::detect(), Arc::new(SpinPool::new(2)));
-    let (mut steps, mut ties) = (0, 0);
+    let (mut steps, mut near_ties) = (0, 0);
     // The original file, and one variant rebuilt in memory that mixes packed types (Q5_0, Q8_0)
     // with k-quants on the row-at-a-time path (Q4_K, Q6_K).
     for name in ["Q4_1", "Q4_K_M"] {
@@ -175,47 +146,17 @@ fn the_fast_path_matches_llama_cpp() {
         // Teacher forcing: our logits at every greedy step, given llama.cpp's choices so far.
         let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
         let ours = all_logits(&model, &all);
-        let row = |step: usize| &ours[(prompt.len() - 1 + step) * vocab..][..vocab];
-
         let want = want_logits.f32(name).unwrap();
-        let kl = kl_divergence(&want.data, row(0));
-        let mean = row(0)
-            .iter()
-            .zip(&want.data)
-            .map(|(a, b)| (a - b).abs())
-            .sum::<f32>()
-            / vocab as f32;
-        assert!(
-            kl < MAX_KL,
-            "{name}: KL(llama.cpp || ours) = {kl:.3e} exceeds {MAX_KL}"
-        );
-        assert!(
-            mean < MAX_MEAN_ABS_LOGIT,
-            "{name}: mean |logit difference| {mean:.3} exceeds {MAX_MEAN_ABS_LOGIT}"
-        );
-        for (step, &t) in cont.iter().enumerate() {
-            let r = row(step);
-            let best = argmax(r);
-            steps += 1;
-            if best as u32 != t {
-                let gap = r[best] - r[t as usize];
-                assert!(
-                    gap < TIE_MARGIN,
-                    "{name}: greedy step {step}: we pick {best}, llama.cpp picked {t}, {gap:.3} logits apart"
-                );
-                ties += 1;
-            }
-        }
+        let a = teacher_forced(&want.data, &ours[(prompt.len() - 1) * vocab..], &cont)
+            .unwrap_or_else(|e| panic!("{name} vs llama.cpp: {e}"));
         eprintln!(
-            "{name}: KL {kl:.2e}, mean |dlogit| {mean:.3}, {} greedy steps; {}",
-            cont.len(),
+            "{name}: {a}; {}",
             model.weights.layers[0].ffn.down.describe()
         );
+        steps += a.steps;
+        near_ties += a.near_ties;
     }
-    assert!(
-        (ties as f64) <= MAX_TIE_FRACTION * steps as f64,
-        "{ties} of {steps} greedy steps disagree within the noise margin"
-    );
+    check_tie_fraction(near_ties, steps).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A prompt of 40 tokens: long enough for several tiles of tokens and both quantization
@@ -267,11 +208,13 @@ fn fast_logits_equal_chapter_6s_for_any_threads() {
             // the greedy choices, which survive that noise everywhere but at near-ties.
             for t in 0..tokens.len() {
                 let (g, w) = (&got[t * vocab..][..vocab], &want[t * vocab..][..vocab]);
-                let (bg, bw) = (argmax(g), argmax(w));
-                assert!(
-                    bg == bw || w[bw] - w[bg] < TIE_MARGIN,
-                    "{what}: position {t}: fast path picks {bg}, chapter 6 {bw}"
-                );
+                // Gaps in chapter 6's logits, the reference here.
+                if let Err(m) = greedy_step(w, argmax(g)) {
+                    panic!(
+                        "{what}: position {t}: chapter 6 picks {}, the fast path {}: {m}",
+                        m.best, m.other
+                    );
+                }
             }
         }
     }
@@ -385,12 +328,14 @@ fn simd_compute_agrees_with_the_reference_at_long_context() {
     {
         let kl = kl_divergence(w, g);
         assert!(kl < MAX_KL, "position {}: KL {kl:.3e}", 999 + step);
-        let (bg, bw) = (argmax(g), argmax(w));
-        assert!(
-            bg == bw || w[bw] - w[bg] < TIE_MARGIN,
-            "position {}: SimdCompute picks {bg}, the reference {bw}",
-            999 + step
-        );
+        if let Err(m) = greedy_step(w, argmax(g)) {
+            panic!(
+                "position {}: the reference picks {}, SimdCompute {}: {m}",
+                999 + step,
+                m.best,
+                m.other
+            );
+        }
     }
 }
 

@@ -50,14 +50,6 @@ fn pools() -> Vec<Arc<dyn Parallel>> {
     ]
 }
 
-const LEGACY: [GgmlType; 5] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-];
-
 /// Every kernel set this CPU has.
 fn kernel_sets() -> Vec<KernelSet> {
     [
@@ -74,9 +66,17 @@ fn kernel_sets() -> Vec<KernelSet> {
 }
 
 #[test]
+fn packed_types_are_weight_types_and_map_back() {
+    for p in PackedType::ALL {
+        assert!(ch08::WEIGHT_TYPES.contains(&p.ggml_type()), "{p:?}");
+        assert_eq!(PackedType::of(p.ggml_type()), Some(p));
+    }
+}
+
+#[test]
 fn packing_round_trips_every_row() {
     let mut rng = Rng(7);
-    for ty in LEGACY.into_iter().chain([GgmlType::Q4_K, GgmlType::Q6_K]) {
+    for ty in PackedType::ALL.map(PackedType::ggml_type) {
         let shapes: &[(usize, usize)] = if ty.block_size() == 256 {
             &[(16, 256), (17, 512), (5, 1536)]
         } else {
@@ -102,9 +102,11 @@ fn packing_round_trips_every_row() {
 #[test]
 fn fast_products_equal_chapter_6s() {
     let mut rng = Rng(42);
-    let types = LEGACY
+    // Every packed type, and F32 (which FastMatrix keeps as rows).
+    let types = PackedType::ALL
+        .map(PackedType::ggml_type)
         .into_iter()
-        .chain([GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32]);
+        .chain([GgmlType::F32]);
     for ty in types {
         let cols_list: &[usize] = if ty.block_size() == 256 {
             &[256, 1536]

@@ -8,30 +8,13 @@ use ch10::{
     FastLoader, MapOptions, OpenError, PoolKind, ViewLoader, map_gguf, new_pool, read_gguf,
 };
 use std::fs::{File, OpenOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Chapter 8's matrices over the file's own rows (no repacking), on one thread.
 fn fast() -> FastLoader {
     let mut f = FastLoader::new(new_pool(PoolKind::Spin, 1));
     f.pack = false;
     f
-}
-
-/// A temporary directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("ch10-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Both ways of opening `path` must fail; returns the mapped error, after checking that the
@@ -73,8 +56,8 @@ fn a_truncated_model_is_an_error_naming_file_and_offset() {
     let gguf = Gguf::parse(&full).unwrap();
     let len = full.len() as u64;
     let data = gguf.data_offset;
-    let dir = TempDir::new("truncated");
-    let path = dir.0.join("cut.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.gguf");
     std::fs::write(&path, &full).unwrap();
     // Cuts in the magic, the counts, the metadata, the tensor infos, the padding before the
     // data, and the data section (first tensor, middle, last byte), largest first so one file
@@ -128,8 +111,8 @@ fn a_truncated_model_is_an_error_naming_file_and_offset() {
 
 #[test]
 fn an_empty_file_is_an_error() {
-    let dir = TempDir::new("empty");
-    let path = dir.0.join("empty.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.gguf");
     File::create(&path).unwrap();
     let e = open_err(&path);
     assert_eq!(offset(&e), 0);
@@ -138,9 +121,9 @@ fn an_empty_file_is_an_error() {
 
 #[test]
 fn a_file_that_is_not_gguf_is_an_error() {
-    let dir = TempDir::new("notgguf");
+    let dir = tempfile::tempdir().unwrap();
     // A safetensors header, as a user might pass the wrong download.
-    let path = dir.0.join("model.safetensors");
+    let path = dir.path().join("model.safetensors");
     let header = br#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header);
@@ -153,15 +136,15 @@ fn a_file_that_is_not_gguf_is_an_error() {
 
 #[test]
 fn a_missing_file_or_a_directory_is_an_error() {
-    let dir = TempDir::new("missing");
-    let missing = dir.0.join("no-such.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such.gguf");
     let e = open_err(&missing);
     assert!(e.to_string().contains("cannot open"), "{e}");
-    let e = map_gguf(&dir.0, &MapOptions::default())
+    let e = map_gguf(dir.path(), &MapOptions::default())
         .err()
         .expect("a directory mapped");
     assert!(
-        e.to_string().starts_with(&dir.0.display().to_string()),
+        e.to_string().starts_with(&dir.path().display().to_string()),
         "{e}"
     );
 }

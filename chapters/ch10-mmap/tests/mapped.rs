@@ -133,23 +133,6 @@ fn the_mapped_model_continues_as_llama_cpp_does() {
     assert_eq!(ids[..n], want[..n], "greedy tokens vs llama.cpp");
 }
 
-/// A temporary directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("ch10-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn misaligned_tensors_are_copied_once_and_compute_the_same() {
     // Rewrite the model with general.alignment = 1 and a header of odd length: every tensor
@@ -174,8 +157,8 @@ fn misaligned_tensors_are_copied_once_and_compute_the_same() {
         .into_iter()
         .find(|w| w.header().len() % 2 == 1)
         .unwrap();
-    let dir = TempDir::new("misaligned");
-    let odd = dir.0.join("odd.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join("odd.gguf");
     w.write_file(&odd, |t| src.tensor_bytes(&t.name)).unwrap();
 
     let (file, bytes) = map_gguf(&odd, &MapOptions::default()).unwrap();

@@ -64,6 +64,16 @@ pub fn type_traits(ty: GgmlType) -> Option<&'static TypeTraits> {
 }
 // ANCHOR_END: type_traits
 
+/// The weight types: those with a dot product in [`type_traits`] (every type there but the
+/// activation-only Q8_1 and Q8_K). The plain floats first, then the legacy and the k-quants in
+/// id order. Every list of "each weight type" in the later chapters and the tests is this one.
+pub const WEIGHT_TYPES: [GgmlType; 13] = {
+    use GgmlType::*;
+    [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+    ]
+};
+
 /// Blocks from bytes: borrowed when aligned (always, for tensor data), else copied.
 fn read_blocks<B: Block>(bytes: &[u8]) -> Cow<'_, [B]> {
     match blocks::<B>(bytes) {
@@ -326,6 +336,17 @@ mod tests {
         }
         assert!(type_traits(IQ2_XXS).is_none());
         assert!(type_traits(Q8_K).unwrap().vec_dot.is_none());
+    }
+
+    #[test]
+    fn weight_types_are_the_types_with_a_dot_product() {
+        let with_dot: Vec<GgmlType> = GgmlType::ALL
+            .into_iter()
+            .filter(|&t| type_traits(t).is_some_and(|t| t.vec_dot.is_some()))
+            .collect();
+        let mut listed = WEIGHT_TYPES.to_vec();
+        listed.sort_by_key(|t| t.id());
+        assert_eq!(listed, with_dot);
     }
 
     #[test]
