@@ -7,8 +7,7 @@
 //! cargo bench -p ch05
 
 use ch05::{
-    Batch, Cached, ContiguousCache, DenseLoader, GgufFile, Model, NoObserver, Overflow, Session,
-    Uncached,
+    Batch, Cached, ContiguousCache, DenseLoader, GgufFile, Model, NoObserver, Session, Uncached,
 };
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -23,12 +22,7 @@ fn token_n(c: &mut Criterion) {
         let seq = &tokens[..n];
         // Validate before timing: both ways give the same logits for token n.
         let uncached = Uncached::new(&model).next_logits(seq, n).unwrap().to_vec();
-        let kv = ContiguousCache::new(
-            model.config.n_layer,
-            model.attention.kv_dim(),
-            256,
-            Overflow::Error,
-        );
+        let kv = ContiguousCache::for_model(&model, 256);
         let mut cached = Cached::new(&model, kv, 256);
         cached.next_logits(&seq[..n - 1], n - 1).unwrap();
         let last = cached.next_logits(seq, 1).unwrap().to_vec();

@@ -32,6 +32,17 @@ pub struct ContiguousCache {
 }
 
 impl ContiguousCache {
+    /// A cache shaped for `model` (its layers, its key and value width) holding `n_ctx`
+    /// positions, refusing to overflow: what sessions and benches of a whole model use.
+    pub fn for_model(model: &ch04::Model, n_ctx: usize) -> ContiguousCache {
+        ContiguousCache::new(
+            model.config.n_layer,
+            model.attention.kv_dim(),
+            n_ctx,
+            Overflow::Error,
+        )
+    }
+
     pub fn new(
         n_layer: usize,
         kv_dim: usize,

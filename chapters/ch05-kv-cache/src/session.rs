@@ -23,13 +23,7 @@ impl<'m> Cached<'m, crate::ContiguousCache> {
     /// `None`) that refuses to overflow, and prefill chunks of 256 tokens: what the examples use.
     pub fn contiguous(model: &'m Model, n_ctx: Option<usize>) -> Self {
         let n_ctx = n_ctx.unwrap_or(model.config.context_length);
-        let kv = crate::ContiguousCache::new(
-            model.config.n_layer,
-            model.attention.kv_dim(),
-            n_ctx,
-            crate::Overflow::Error,
-        );
-        Cached::new(model, kv, 256)
+        Cached::new(model, crate::ContiguousCache::for_model(model, n_ctx), 256)
     }
 }
 

@@ -19,8 +19,7 @@
 use ch08::kernels::KernelSet;
 use ch08::pool::{Parallel, RayonPool, SpinPool};
 use ch08::{
-    Batch, ContiguousCache, FastLoader, GgufFile, Model, NoObserver, Overflow, QuantLoader,
-    sampling::argmax,
+    Batch, ContiguousCache, FastLoader, GgufFile, Model, NoObserver, QuantLoader, sampling::argmax,
 };
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -59,12 +58,7 @@ fn engines(file: &GgufFile) -> Vec<(&'static str, Model)> {
 }
 
 fn cache(model: &Model) -> ContiguousCache {
-    ContiguousCache::new(
-        model.config.n_layer,
-        model.attention.kv_dim(),
-        PREFILL + 1,
-        Overflow::Error,
-    )
+    ContiguousCache::for_model(model, PREFILL + 1)
 }
 
 fn e2e(c: &mut Criterion) {

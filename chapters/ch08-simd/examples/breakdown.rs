@@ -16,9 +16,7 @@ use ch08::ch01::{Gguf, TensorInfo};
 use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
 use ch08::ch03::{Attention, KvView, RopeTable, TokenPos};
 use ch08::pool::{PoolKind, new_pool};
-use ch08::{
-    AttentionOps, Compute, ContiguousCache, FastLoader, GgufFile, Model, Overflow, Session,
-};
+use ch08::{AttentionOps, Compute, ContiguousCache, FastLoader, GgufFile, Model, Session};
 use clap::Parser;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,12 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::load(&file, &TimedLoader(fast, clock.clone()))?
         .with_compute(Arc::new(TimedCompute(compute.clone(), clock.clone())));
     let n_ctx = cli.prompt_tokens + cli.decode + 1;
-    let kv = ContiguousCache::new(
-        model.config.n_layer,
-        model.attention.kv_dim(),
-        n_ctx,
-        Overflow::Error,
-    );
+    let kv = ContiguousCache::for_model(&model, n_ctx);
     let mut session = ch08::Cached::new(&model, kv, 256);
     // A prompt of distinct-enough tokens: ids walking through the vocabulary.
     let mut tokens: Vec<u32> = (0..cli.prompt_tokens as u32)

@@ -6,7 +6,7 @@
 //! workers included). This file holds one test, so no other test allocates meanwhile.
 
 use ch08::pool::SpinPool;
-use ch08::{Cached, ContiguousCache, FastLoader, GgufFile, Model, Overflow, Session};
+use ch08::{Cached, ContiguousCache, FastLoader, GgufFile, Model, Session};
 use shared::alloc::allocations;
 use std::sync::Arc;
 
@@ -22,12 +22,7 @@ fn a_decode_step_allocates_nothing_after_warm_up() {
     let model = Model::load(&file, &fast)
         .unwrap()
         .with_compute(fast.compute());
-    let kv = ContiguousCache::new(
-        model.config.n_layer,
-        model.attention.kv_dim(),
-        512,
-        Overflow::Error,
-    );
+    let kv = ContiguousCache::for_model(&model, 512);
     let mut session = Cached::new(&model, kv, 64);
     let mut tokens: Vec<u32> = (0..300).map(|i| 100 + i * 7).collect();
     tokens.reserve(64);

@@ -1,0 +1,175 @@
+//! The finished engine, as the binary loads it, against llama.cpp: chapter 6's check
+//! (`ch06::agreement`: KL divergence, mean |Δlogit|, teacher-forced greedy steps with near-ties
+//! allowed) on the default file, mapped and repacked (the default), read (`--no-mmap`), and
+//! mapped without repacking (`--no-repack`), on the paged KV cache the scheduler runs; and the
+//! engine's compute on the F32 copy of the model against llama.cpp's greedy continuations.
+
+use ch10::agreement::{
+    MAX_KL, MAX_MEAN_ABS_LOGIT, TIE_MARGIN, check_tie_fraction, kl_divergence, mean_abs_diff,
+    teacher_forced,
+};
+use ch10::kernels::KernelSet;
+use ch10::pool::SpinPool;
+use ch10::sampling::argmax;
+use ch10::{Batch, BatchModel, Engine, FastLoader, LoadMode, MapOptions, PagedCache, Scratch};
+use shared::refdata::{self, TensorFile};
+use std::sync::Arc;
+
+fn ids(x: &serde_json::Value) -> Vec<u32> {
+    x.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Logits at every position of `all` with `fast`'s matrices loaded `mode`, on the engine's
+/// paged cache: teacher forcing in one pass.
+fn all_logits(mode: LoadMode, fast: FastLoader, all: &[u32]) -> Vec<f32> {
+    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+    let e = Engine::load(&path, mode, fast).unwrap();
+    let c = &e.model.config;
+    let block = ch10::engine::BLOCK_SIZE;
+    let mut kv = PagedCache::new(
+        c.n_layer,
+        e.model.attention.kv_dim(),
+        block,
+        all.len().div_ceil(block),
+    );
+    let mut scratch = Scratch::default();
+    e.model
+        .forward_batch(&Batch::sequence(0, all, 0, true), &mut kv, &mut scratch)
+        .unwrap()
+        .to_vec()
+}
+
+#[test]
+fn the_engine_agrees_with_llama_cpp_mapped_read_and_not_repacked() {
+    let json = refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
+    let v = &json["variants"]["Q4_1"];
+    assert!(v.is_object(), "quant/variants.json has no variant Q4_1");
+    let want = TensorFile::open("quant/logits.safetensors")
+        .and_then(|t| t.f32("Q4_1"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (prompt, cont) = (ids(&v["prompt_ids"]), ids(&v["continuation"]["ids"]));
+    let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
+    let vocab = want.data.len();
+    let from = (prompt.len() - 1) * vocab;
+    // Chapter 6's scalar kernels: the arithmetic llama.cpp's check was built on.
+    let mut scalar = FastLoader::new(Arc::new(SpinPool::new(2)));
+    scalar.kernels = KernelSet::SCALAR;
+    let reference = all_logits(LoadMode::Map(MapOptions::default()), scalar, &all);
+    let (mut steps, mut near_ties) = (0, 0);
+    for (name, mode, repack) in [
+        (
+            "mapped, repacked",
+            LoadMode::Map(MapOptions::default()),
+            true,
+        ),
+        ("read", LoadMode::Read, true),
+        (
+            "mapped, not repacked",
+            LoadMode::Map(MapOptions::default()),
+            false,
+        ),
+    ] {
+        let mut fast = FastLoader::new(Arc::new(SpinPool::new(2)));
+        fast.pack = repack;
+        let ours = all_logits(mode, fast, &all);
+        match teacher_forced(&want.data, &ours[from..], &cont) {
+            Ok(a) => {
+                eprintln!("{name}: {a}");
+                steps += a.steps;
+                near_ties += a.near_ties;
+            }
+            // The file's rows through the AVX-512 vec_dot sum in another order than the
+            // micro-kernel (which repeats the scalar kernel's), and their activations round
+            // differently: on this prompt that moves one near-tie by half a logit. A greedy step
+            // may then differ from llama.cpp's only where chapter 6's scalar arithmetic sees a
+            // near-tie between the two tokens; KL and mean |Δlogit| must still pass.
+            Err(m) if !repack => {
+                eprintln!("{name}: {m}; judging its greedy steps by chapter 6's logits");
+                let row0 = &ours[from..][..vocab];
+                assert!(kl_divergence(&want.data, row0) < MAX_KL, "{name}: KL");
+                assert!(
+                    mean_abs_diff(&want.data, row0) < MAX_MEAN_ABS_LOGIT,
+                    "{name}: mean |dlogit|"
+                );
+                for (i, &t) in cont.iter().enumerate() {
+                    let row = |l: &[f32]| l[from + i * vocab..][..vocab].to_vec();
+                    let pick = argmax(&row(&ours));
+                    if pick != t as usize {
+                        let r = row(&reference);
+                        let gap = (r[pick] - r[t as usize]).abs();
+                        assert!(
+                            gap < TIE_MARGIN,
+                            "{name}: step {i}: we pick {pick}, llama.cpp {t}, {gap:.3} apart \
+                             in chapter 6's logits"
+                        );
+                        near_ties += 1;
+                    }
+                    steps += 1;
+                }
+            }
+            Err(m) => panic!("{name}: {m}"),
+        }
+    }
+    check_tie_fraction(near_ties, steps).unwrap_or_else(|m| panic!("{m}"));
+}
+
+/// llama.cpp's prompts and greedy continuations on the F32 copy of the default model.
+fn f32_references() -> Vec<(String, Vec<u32>, Vec<u32>)> {
+    let m = refdata::manifest().unwrap_or_else(|e| panic!("{e}"));
+    m["prompts"]
+        .as_array()
+        .expect("the manifest lists prompts")
+        .iter()
+        .map(|p| {
+            let id = p["id"].as_str().unwrap().to_string();
+            let g = refdata::json(&format!("prompts/{id}.generation.json"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            (id, ids(&p["ids"]), ids(&g["ids"]))
+        })
+        .collect()
+}
+
+#[test]
+fn the_engine_continues_the_f32_copy_as_llama_cpp_does() {
+    // llama.cpp ran an F32 copy made by dequantizing the default file; chapter 3's dense loader
+    // gives the same f32 weights. Everything else is the engine's: chapter 8's `SimdCompute` on
+    // the paged cache. Its f32 sums run in another order than llama.cpp's, so a greedy step may
+    // differ only at a near-tie, as for the quantized files.
+    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+    let file = ch10::GgufFile::open(&path).unwrap();
+    let fast = FastLoader::new(Arc::new(SpinPool::new(2)));
+    let model = ch10::Model::load(&file, &ch10::DenseLoader)
+        .unwrap()
+        .with_compute(fast.compute());
+    let (mut steps, mut near_ties) = (0, 0);
+    for (id, prompt, cont) in f32_references() {
+        let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
+        let block = ch10::engine::BLOCK_SIZE;
+        let mut kv = PagedCache::new(
+            model.config.n_layer,
+            model.attention.kv_dim(),
+            block,
+            all.len().div_ceil(block),
+        );
+        let mut scratch = Scratch::default();
+        let logits = model
+            .forward_batch(&Batch::sequence(0, &all, 0, true), &mut kv, &mut scratch)
+            .unwrap();
+        let vocab = model.config.vocab_size;
+        for (i, &want) in cont.iter().enumerate() {
+            let row = &logits[(prompt.len() - 1 + i) * vocab..][..vocab];
+            match ch10::agreement::greedy_step(row, want as usize) {
+                Ok(ch10::agreement::GreedyStep::Same) => {}
+                Ok(_) => near_ties += 1,
+                Err(m) => panic!("{id}: generated token {i}: {m}"),
+            }
+            steps += 1;
+        }
+    }
+    eprintln!("{steps} greedy steps, {near_ties} near-ties");
+    check_tie_fraction(near_ties, steps).unwrap_or_else(|m| panic!("{m}"));
+}
