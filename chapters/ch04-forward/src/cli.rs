@@ -108,6 +108,21 @@ impl Args {
         }
     }
 
+    /// `--threads`, capped at [`MAX_THREADS_PER_CORE`] per available core (with a warning):
+    /// more threads than that only wait for each other, and each costs a stack.
+    pub fn threads(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cap = cores * MAX_THREADS_PER_CORE;
+        if self.threads > cap {
+            eprintln!(
+                "warning: --threads {} is more than {MAX_THREADS_PER_CORE} per core on this \
+                 machine's {cores}; using {cap}",
+                self.threads
+            );
+        }
+        self.threads.clamp(1, cap)
+    }
+
     /// The model path: `--model`, else the default model (fetched if needed).
     pub fn model_path(&self) -> Result<PathBuf, Box<dyn Error>> {
         match &self.model {
@@ -228,13 +243,23 @@ pub fn run(
     )
 }
 
-/// Refuse flags that cannot work, before anything loads.
+/// Refuse flags that cannot work, before anything loads: no prompt, a sampling setting out of
+/// its domain (named with its value), no threads.
 pub fn check(args: &Args) -> Result<(), Box<dyn Error>> {
     if !args.chat && args.prompt_text().is_empty() {
         return Err("no prompt: give a PROMPT (or --prompt TEXT), or --chat".into());
     }
+    args.sampler()
+        .validate()
+        .map_err(|e| format!("--{}", e.to_string().replace('_', "-")))?;
+    if args.threads == 0 {
+        return Err("--threads 0: at least one thread computes".into());
+    }
     Ok(())
 }
+
+/// Threads beyond this many per available core only take turns on the cores.
+pub const MAX_THREADS_PER_CORE: usize = 4;
 
 // ANCHOR: drive
 /// Run the command line's job with `runner`: complete the prompt, or hold a conversation
@@ -279,6 +304,9 @@ pub fn drive(
         )?;
     } else {
         let ids = tokenizer.encode(args.prompt_text(), true, true);
+        if ids.is_empty() {
+            return Err("the prompt encodes to no tokens (and the model adds no BOS)".into());
+        }
         let params = args.params(0);
         if !args.json {
             eprintln!("seed {}", params.sampler.seed);

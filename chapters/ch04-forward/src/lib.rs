@@ -33,7 +33,7 @@ pub use generate::{
     GenParams, Generation, Generator, Session, StopFilter, StopReason, Uncached, generate,
 };
 pub use model::{Batch, ForwardError, Model, Weights};
-pub use sampling::{Sampler, SamplerParams};
+pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
 
 /// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".
 pub use ch02::{self, ChatTemplate, Message, StreamDecoder, Tokenizer};

@@ -41,7 +41,59 @@ impl Default for SamplerParams {
     }
 }
 
+/// A sampling setting out of its domain: which one, its value, and the domain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadSamplerParam {
+    pub name: &'static str,
+    pub value: f32,
+    pub domain: &'static str,
+}
+
+impl std::fmt::Display for BadSamplerParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is {}; it must be {}",
+            self.name, self.value, self.domain
+        )
+    }
+}
+
+impl std::error::Error for BadSamplerParam {}
+
 impl SamplerParams {
+    /// Check every setting against its domain, where the settings enter (the command line, a
+    /// scheduler's `submit`, a server's request). The sampler itself never panics, but a NaN
+    /// temperature or a penalty of 0 would sample garbage without a word.
+    pub fn validate(&self) -> Result<(), BadSamplerParam> {
+        let check = |name, value: f32, ok: bool, domain| {
+            if ok {
+                Ok(())
+            } else {
+                Err(BadSamplerParam {
+                    name,
+                    value,
+                    domain,
+                })
+            }
+        };
+        let unit = |x: f32| (0.0..=1.0).contains(&x);
+        check(
+            "temp",
+            self.temp,
+            self.temp.is_finite(),
+            "a finite number (0 or less is greedy)",
+        )?;
+        check("top_p", self.top_p, unit(self.top_p), "between 0 and 1")?;
+        check("min_p", self.min_p, unit(self.min_p), "between 0 and 1")?;
+        check(
+            "repeat_penalty",
+            self.repeat_penalty,
+            self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0,
+            "a finite number above 0 (1 is off)",
+        )
+    }
+
     /// Always the most likely token.
     pub fn greedy() -> Self {
         SamplerParams {
@@ -134,6 +186,9 @@ pub fn min_p(c: &mut Vec<Candidate>, p: f32) {
 /// Divide logits by `t`: below 1 sharpens the distribution, above 1 flattens it. At 0 or
 /// below only the most likely candidate is kept (greedy).
 pub fn temperature(c: &mut Vec<Candidate>, t: f32) {
+    if c.is_empty() {
+        return;
+    }
     if t <= 0.0 {
         // the first of the largest, like llama.cpp
         let best = c
@@ -195,12 +250,21 @@ impl Sampler {
                 return x.id;
             }
         }
-        c.last().expect("at least one candidate").id
+        // Rounding left the walk short of r, or NaN logits emptied the candidates: the last
+        // candidate, else the largest logit (NaN-aware), else token 0 of an empty vocabulary.
+        c.last().map_or_else(
+            || {
+                (0..logits.len())
+                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+                    .unwrap_or(0) as u32
+            },
+            |x| x.id,
+        )
     }
     // ANCHOR_END: sample
 }
 
-/// The index of the largest value (the first one on ties).
+/// The index of the largest value (the first one on ties; 0 for an empty slice).
 pub fn argmax(x: &[f32]) -> usize {
     x.iter()
         .enumerate()

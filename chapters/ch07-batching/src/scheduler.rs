@@ -36,7 +36,8 @@
 use crate::prefix::PrefixCache;
 use crate::request::{Finished, Request, RequestId};
 use ch06::{
-    Batch, ForwardError, Generator, Model, NoObserver, PagedCache, Scratch, StopReason, Tokenizer,
+    BadSamplerParam, Batch, ForwardError, Generator, Model, NoObserver, PagedCache, Scratch,
+    StopReason, Tokenizer,
 };
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -124,6 +125,8 @@ pub enum SchedulerError {
     Config(String),
     /// A request with no prompt tokens: there is nothing to predict from.
     EmptyPrompt,
+    /// A sampling setting of the request is out of its domain (the message names it).
+    BadParams(String),
     /// A prompt token is not in the model's vocabulary.
     TokenOutOfRange {
         index: usize,
@@ -147,6 +150,7 @@ impl fmt::Display for SchedulerError {
         match self {
             SchedulerError::Config(m) => write!(f, "scheduler configuration: {m}"),
             SchedulerError::EmptyPrompt => write!(f, "the request's prompt has no tokens"),
+            SchedulerError::BadParams(e) => write!(f, "the request's sampling settings: {e}"),
             SchedulerError::TokenOutOfRange {
                 index,
                 token,
@@ -351,14 +355,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     }
 
     // ANCHOR: submit
-    /// Queue a request. It is checked now, so that it can always run to the end: its tokens
-    /// are in the vocabulary, and prompt plus `max_tokens` fit the model's context and the
+    /// Queue a request. It is checked now, so that it can always run to the end: its sampling
+    /// settings are in their domains, its tokens are in the vocabulary, and prompt plus `max_tokens` fit the model's context and the
     /// whole KV pool.
     pub fn submit(&mut self, request: Request) -> Result<RequestId, SchedulerError> {
         let Request { prompt, params } = request;
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
         }
+        // One request's bad settings must not reach the sampler of a batch others share.
+        params
+            .sampler
+            .validate()
+            .map_err(|e: BadSamplerParam| SchedulerError::BadParams(e.to_string()))?;
         let vocab = self.model.vocab_size();
         if let Some((index, &token)) = prompt
             .iter()

@@ -304,6 +304,19 @@ fn impossible_requests_are_refused_up_front() {
         err(vec![20; 10], 5),
         "prompt and max_tokens need 4 KV blocks, the pool has 3"
     );
+    // One request's bad sampling settings are refused before they reach a shared batch.
+    let mut nan = params(2);
+    nan.sampler.temp = f32::NAN;
+    let e = s
+        .submit(Request {
+            prompt: vec![20],
+            params: nan,
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the request's sampling settings: temp is NaN; it must be a finite number (0 or less is greedy)"
+    );
     assert!(
         s.submit(Request {
             prompt: vec![20; 10],

@@ -26,7 +26,7 @@ struct Cli {
 fn main() {
     let cli = Cli::parse();
     let args = &cli.args;
-    let mut loader = FastLoader::new(new_pool(cli.pool, args.threads));
+    let mut loader = FastLoader::new(new_pool(cli.pool, args.threads()));
     loader.pack = !cli.no_pack;
     let result = cli::run(
         args,

@@ -59,7 +59,7 @@ pub enum LoadMode {
 impl EngineArgs {
     /// Chapter 8's matrices, on `--threads` threads, repacked unless `--no-repack`.
     pub fn fast_loader(&self) -> FastLoader {
-        let mut fast = FastLoader::new(new_pool(PoolKind::Spin, self.generation.threads.max(1)));
+        let mut fast = FastLoader::new(new_pool(PoolKind::Spin, self.generation.threads()));
         fast.pack = !self.no_repack;
         fast
     }

@@ -21,7 +21,11 @@ fn engine(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ch10"))
         .arg("--model")
         .arg(model())
-        .args(["--threads", "1"])
+        .args(if args.contains(&"--threads") {
+            &[][..]
+        } else {
+            &["--threads", "1"][..]
+        })
         .args(ctx)
         .args(args)
         .stdin(Stdio::piped())
@@ -48,6 +52,23 @@ fn no_prompt_is_a_usage_error() {
         err.contains("give a PROMPT") && err.contains("Usage:"),
         "{err}"
     );
+}
+
+#[test]
+fn flags_out_of_range_are_usage_errors_naming_flag_and_value() {
+    for (args, want) in [
+        (&["--temp", "nan"][..], "--temp is NaN"),
+        (&["--top-p", "1.5"][..], "--top-p is 1.5"),
+        (&["--min-p=-1"][..], "--min-p is -1"),
+        (&["--repeat-penalty", "0"][..], "--repeat-penalty is 0"),
+        (&["--threads", "0"][..], "--threads 0"),
+    ] {
+        let all: Vec<&str> = args.iter().copied().chain(["Hello"]).collect();
+        let out = engine(&all, None);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 #[test]
