@@ -4,11 +4,14 @@
 //! - [`refdata`]: reading what llama.cpp computed (`reference-data/`), with a hint on how to
 //!   regenerate it when it is missing or stale.
 //! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
+//! - [`memory`]: sizes multiplied without overflow and checked against the machine's memory
+//!   before anything is allocated.
 //! - [`compare`]: the one tensor comparison helper that every check against llama.cpp goes
 //!   through, with named tolerances and a report that says where two tensors diverge.
 
 pub mod alloc;
 pub mod compare;
+pub mod memory;
 pub mod model;
 pub mod refdata;
 

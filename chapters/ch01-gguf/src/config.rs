@@ -9,6 +9,12 @@ use std::fmt;
 /// Architectures this engine runs.
 pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
 
+/// Positions a run holds when it does not ask for a context size: llama.cpp's default
+/// (`--ctx-size 4096`), or the model's own context if that is shorter. A file's
+/// `context_length` is what the model was trained on, not what a run needs; sizing the RoPE
+/// table and the KV cache by it would let a file claiming a billion positions exhaust memory.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
 // ANCHOR: config
 /// Hyperparameters of a decoder-only transformer.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,12 +152,26 @@ impl Keys<'_> {
         }
     }
 
-    /// An f32; `default` when absent, or an error naming the key if there is none.
-    fn f32(&self, suffix: &str, default: Option<f32>) -> Result<f32, ConfigError> {
-        match (self.gguf.get(&self.key(suffix)), default) {
-            (None, Some(d)) => Ok(d),
-            _ => Ok(self.gguf.get_f32(&self.key(suffix))?),
+    /// An f32 that must be finite and satisfy `ok` (whose domain `domain` names, for the
+    /// error); `default` when absent, or an error naming the key if there is none.
+    fn f32(
+        &self,
+        suffix: &str,
+        default: Option<f32>,
+        domain: &str,
+        ok: impl Fn(f32) -> bool,
+    ) -> Result<f32, ConfigError> {
+        let v = match (self.gguf.get(&self.key(suffix)), default) {
+            (None, Some(d)) => return Ok(d),
+            _ => self.gguf.get_f32(&self.key(suffix))?,
+        };
+        if !v.is_finite() || !ok(v) {
+            return Err(ConfigError::Invalid {
+                key: self.key(suffix),
+                reason: format!("{v} is not {domain}"),
+            });
         }
+        Ok(v)
     }
 
     fn at_least_one(&self, suffix: &str, v: usize) -> Result<usize, ConfigError> {
@@ -188,14 +208,43 @@ impl Config {
             return Err(invalid("attention.head_count_kv", why));
         }
         let head_dim = k.count_or("attention.key_length", d_model / n_head)?;
+        // Widths of all heads together: their products must fit, whatever the tensors say.
+        for (suffix, heads) in [
+            ("attention.head_count", n_head),
+            ("attention.head_count_kv", n_head_kv),
+        ] {
+            if heads.checked_mul(head_dim).is_none() {
+                let why = format!("{heads} heads of {head_dim} values overflow");
+                return Err(invalid(suffix, why));
+            }
+        }
         let n_ff = k.count("feed_forward_length")?;
-        let context_length = k.usize("context_length")?;
-        let vocab_size = match gguf.get(&k.key("vocab_size")) {
-            Some(_) => k.usize("vocab_size")?,
-            None => gguf.get_array("tokenizer.ggml.tokens")?.len(),
+        let context_length = k.count("context_length")?;
+        let n_tokens = gguf.get("tokenizer.ggml.tokens").map(|_| {
+            gguf.get_array("tokenizer.ggml.tokens")
+                .map(|t| t.len())
+        });
+        let vocab_size = match (gguf.get(&k.key("vocab_size")), n_tokens) {
+            (Some(_), n_tokens) => {
+                let v = k.count("vocab_size")?;
+                if let Some(n) = n_tokens.transpose()?
+                    && n != v
+                {
+                    let why = format!("{v} differs from the {n} tokens of tokenizer.ggml.tokens");
+                    return Err(invalid("vocab_size", why));
+                }
+                v
+            }
+            (None, Some(n)) => n?,
+            (None, None) => return Err(ConfigError::MissingKey("tokenizer.ggml.tokens".into())),
         };
+        if vocab_size == 0 {
+            let why = "the vocabulary has no tokens".to_string();
+            return Err(invalid("vocab_size", why));
+        }
 
-        let rope_freq_base = k.f32("rope.freq_base", Some(10000.0))?;
+        // RoPE's frequencies base^(-2i/d) must fall with i, so the base is above 1.
+        let rope_freq_base = k.f32("rope.freq_base", Some(10000.0), "above 1", |b| b > 1.0)?;
         let rope_dim = k.count_or("rope.dimension_count", head_dim)?;
         // llama.cpp insists on this for llama; RoPE rotates pairs, so it must also be even.
         if rope_dim != head_dim || !rope_dim.is_multiple_of(2) {
@@ -203,7 +252,14 @@ impl Config {
             return Err(invalid("rope.dimension_count", why));
         }
         let rope_scaling = rope_scaling(&k)?;
-        let rms_norm_eps = k.f32("attention.layer_norm_rms_epsilon", None)?;
+        // ε keeps RMSNorm's division away from zero: positive, and small against the mean
+        // square it is added to (real models use 1e-6 to 1e-5).
+        let rms_norm_eps = k.f32(
+            "attention.layer_norm_rms_epsilon",
+            None,
+            "between 0 and 1 (exclusive)",
+            |e| e > 0.0 && e < 1.0,
+        )?;
         let tied_embeddings = gguf.tensor("output.weight").is_none();
 
         Ok(Config {
@@ -235,6 +291,12 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+
+    /// Positions a run holds unless it asks for another size: [`DEFAULT_CONTEXT`], or the
+    /// model's `context_length` if shorter.
+    pub fn default_context(&self) -> usize {
+        self.context_length.min(DEFAULT_CONTEXT)
+    }
 }
 
 /// `rope.scaling.type` (default "linear", as in llama.cpp) with `rope.scaling.factor` (or the
@@ -259,8 +321,9 @@ fn rope_scaling(k: &Keys) -> Result<Option<RopeScaling>, ConfigError> {
     let factor_key = ["rope.scaling.factor", "rope.scale_linear"]
         .into_iter()
         .find(|s| k.gguf.get(&k.key(s)).is_some());
+    // 0 means "not set" in llama.cpp; anything else divides positions, so it is positive.
     let factor = match factor_key {
-        Some(s) => k.gguf.get_f32(&k.key(s))?,
+        Some(s) => k.f32(s, None, "0 (unset) or positive", |f| f >= 0.0)?,
         None => 0.0,
     };
     Ok(match kind {

@@ -169,3 +169,137 @@ fn values_of_the_wrong_type_are_errors() {
         "{e}"
     );
 }
+
+#[test]
+fn float_values_outside_their_domain_name_key_and_value() {
+    for (key, value) in [
+        ("llama.attention.layer_norm_rms_epsilon", f32::NAN),
+        ("llama.attention.layer_norm_rms_epsilon", 0.0),
+        ("llama.attention.layer_norm_rms_epsilon", 1.5),
+        ("llama.rope.freq_base", f32::INFINITY),
+        ("llama.rope.freq_base", 1.0),
+        ("llama.rope.freq_base", -10000.0),
+        ("llama.rope.scaling.factor", f32::NAN),
+        ("llama.rope.scaling.factor", -4.0),
+    ] {
+        let mut b = minimal();
+        b.kvs.retain(|(k, _)| k != key);
+        match config(b.kv(key, Value::F32(value))) {
+            Err(e @ ConfigError::Invalid { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(key) && msg.contains(&value.to_string()), "{msg}");
+            }
+            other => panic!("{key} = {value}: expected Invalid, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn counts_that_contradict_each_other_name_their_key() {
+    let b = minimal().kv("llama.vocab_size", Value::U32(4));
+    let e = config(b).unwrap_err();
+    assert!(e.to_string().contains("llama.vocab_size") && e.to_string().contains("3 tokens"), "{e}");
+    let mut b = minimal();
+    b.kvs.retain(|(k, _)| k != "llama.context_length");
+    let e = config(b.kv("llama.context_length", Value::U32(0))).unwrap_err();
+    assert!(e.to_string().contains("llama.context_length"), "{e}");
+    let b = minimal()
+        .kv("llama.attention.key_length", Value::U64(1 << 62))
+        .kv("llama.rope.dimension_count", Value::U64(1 << 62));
+    let e = config(b).unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Keys `Config::from_gguf` reads.
+    const KEYS: &[&str] = &[
+        "general.architecture",
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.attention.key_length",
+        "llama.feed_forward_length",
+        "llama.context_length",
+        "llama.vocab_size",
+        "llama.rope.freq_base",
+        "llama.rope.dimension_count",
+        "llama.rope.scaling.type",
+        "llama.rope.scaling.factor",
+        "llama.rope.scale_linear",
+        "llama.attention.layer_norm_rms_epsilon",
+        "tokenizer.ggml.tokens",
+    ];
+
+    fn value() -> impl Strategy<Value = Option<Value>> {
+        let float = prop_oneof![
+            Just(f32::NAN),
+            Just(f32::NEG_INFINITY),
+            Just(0.0f32),
+            Just(1.0f32),
+            Just(1e-6f32),
+            any::<f32>()
+        ];
+        proptest::option::weighted(
+            0.8,
+            prop_oneof![
+                (0..300u32).prop_map(Value::U32),
+                any::<u64>().prop_map(Value::U64),
+                any::<i64>().prop_map(Value::I64),
+                float.prop_map(Value::F32),
+                any::<f64>().prop_map(Value::F64),
+                prop_oneof![
+                    Just("llama"),
+                    Just("linear"),
+                    Just("yarn"),
+                    Just("none"),
+                    Just("")
+                ]
+                .prop_map(|s| Value::String(s.into())),
+                (0..5usize).prop_map(|n| Value::Array(
+                    ValueType::String,
+                    vec![Value::String("t".into()); n]
+                )),
+            ],
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Any values under the keys `Config` reads, starting from a valid configuration:
+        /// an error, or a configuration whose every value is in its domain. Never a panic.
+        #[test]
+        fn any_metadata_gives_a_valid_config_or_an_error(
+            changes in proptest::collection::vec((0..KEYS.len(), value()), 1..6)
+        ) {
+            let mut b = minimal();
+            for (i, v) in changes {
+                b.kvs.retain(|(k, _)| k != KEYS[i]);
+                if let Some(v) = v {
+                    b.kvs.push((KEYS[i].to_string(), v));
+                }
+            }
+            let Ok(g) = Gguf::parse(&b.build()) else { return Ok(()) };
+            match Config::from_gguf(&g) {
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+                Ok(c) => {
+                    prop_assert!(c.n_layer >= 1 && c.d_model >= 1 && c.n_ff >= 1);
+                    prop_assert!(c.n_head >= 1 && c.n_head % c.n_head_kv == 0);
+                    prop_assert!(c.n_head.checked_mul(c.head_dim).is_some());
+                    prop_assert!(c.context_length >= 1 && c.vocab_size >= 1);
+                    prop_assert!(c.default_context() >= 1);
+                    prop_assert!(c.default_context() <= ch01::config::DEFAULT_CONTEXT);
+                    prop_assert!(c.rope_freq_base.is_finite() && c.rope_freq_base > 1.0);
+                    prop_assert!(c.rms_norm_eps > 0.0 && c.rms_norm_eps < 1.0);
+                    if let Some(s) = c.rope_scaling {
+                        prop_assert!(s.factor.is_finite() && s.factor > 0.0);
+                    }
+                }
+            }
+        }
+    }
+}

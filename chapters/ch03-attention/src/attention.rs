@@ -66,8 +66,10 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// From the model configuration, with a RoPE table for the model's context length.
-    pub fn new(cfg: &Config) -> Result<Attention, LoadError> {
+    /// From the model configuration, with a RoPE table for positions `0..n_ctx`: the context
+    /// a run holds, which the caller has checked (it is not the file's `context_length`, which
+    /// a file may set to anything).
+    pub fn new(cfg: &Config, n_ctx: usize) -> Result<Attention, LoadError> {
         let freq_scale = match &cfg.rope_scaling {
             None => 1.0,
             Some(s) if s.kind == RopeScalingType::Linear => 1.0 / s.factor,
@@ -83,7 +85,7 @@ impl Attention {
             cfg.rope_freq_base,
             freq_scale,
             cfg.rope_style,
-            cfg.context_length,
+            n_ctx,
         );
         Ok(Attention {
             n_head: cfg.n_head,

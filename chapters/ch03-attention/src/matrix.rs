@@ -47,6 +47,12 @@ pub enum LoadError {
     },
     /// Reading or dequantizing the tensor failed.
     Gguf(String, GgufError),
+    /// A weight that must be finite is not.
+    NonFinite {
+        name: String,
+        index: usize,
+        value: f32,
+    },
     /// Anything else a loader rejects, e.g. a type it cannot compute with.
     Other(String),
 }
@@ -64,6 +70,9 @@ impl fmt::Display for LoadError {
                 "tensor {name:?} has dimensions {found:?} (ne order), expected {expected:?}"
             ),
             LoadError::Gguf(name, e) => write!(f, "tensor {name:?}: {e}"),
+            LoadError::NonFinite { name, index, value } => {
+                write!(f, "tensor {name:?} holds {value} at index {index}")
+            }
             LoadError::Other(msg) => f.write_str(msg),
         }
     }
@@ -238,8 +247,19 @@ pub fn load_vector<B: AsRef<[u8]>>(
             found: info.dims.clone(),
         });
     }
-    file.tensor_f32(name)
-        .map_err(|e| LoadError::Gguf(name.to_string(), e))
+    let v = file
+        .tensor_f32(name)
+        .map_err(|e| LoadError::Gguf(name.to_string(), e))?;
+    // A norm weight multiplies every activation of its layer: one NaN here poisons the whole
+    // model, and a scan of `n` floats at load is nothing next to the matrices.
+    if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        return Err(LoadError::NonFinite {
+            name: name.to_string(),
+            index,
+            value,
+        });
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ const LAYERS: [usize; 4] = [0, 1, 15, 29];
 fn attention_matches_llama_cpp_for_every_prompt() {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let cfg = Config::from_gguf(&file.gguf).unwrap();
-    let att = Attention::new(&cfg).unwrap();
+    let att = Attention::new(&cfg, cfg.default_context()).unwrap();
     let manifest = refdata::manifest().unwrap_or_else(|e| panic!("{e}"));
     let prompts = manifest["prompts"]
         .as_array()

@@ -53,7 +53,8 @@ pub struct Args {
     /// Threads (used from chapter 8 on).
     #[arg(long, short = 't', default_value_t = 1)]
     pub threads: usize,
-    /// Context size: positions the KV cache holds (from chapter 5 on; default: the model's).
+    /// Context size: positions a run holds (default: 4096, or the model's context if
+    /// shorter).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Chat: the prompt (if any) is the first user message, then one message per line of
@@ -184,13 +185,11 @@ impl<'m, F: FnMut(&'m Model) -> Box<dyn Session + 'm>> Runner for Sessions<'m, F
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, Box<dyn Error>> {
         let mut session = (self.new_session)(self.model);
-        Ok(generate(
-            session.as_mut(),
-            self.tokenizer,
-            prompt,
-            params,
-            on_text,
-        )?)
+        let g = generate(session.as_mut(), self.tokenizer, prompt, params, on_text);
+        Ok(g.map_err(|e| match e {
+            ForwardError::NonFinite(e) => ForwardError::NonFinite(e.locate(self.model)),
+            e => e,
+        })?)
     }
 }
 // ANCHOR_END: runner
@@ -220,7 +219,8 @@ pub fn run(
     let file = GgufFile::open(&path)?;
     let tokenizer = Tokenizer::from_gguf(&file.gguf)?;
     let template = ChatTemplate::from_gguf(&file.gguf).ok();
-    let model = load(&file)?;
+    let mut model = load(&file)?;
+    set_context(&mut model, args.ctx)?;
     let load_time = t0.elapsed();
     if !args.json {
         eprintln!(
@@ -241,6 +241,14 @@ pub fn run(
         (t0, load_time),
         &mut runner,
     )
+}
+
+/// Give `model` the context `--ctx` asks for (if it does), or say why it cannot have it.
+pub fn set_context(model: &mut Model, ctx: Option<usize>) -> Result<(), Box<dyn Error>> {
+    if let Some(n) = ctx {
+        model.set_context(n).map_err(|e| format!("--ctx {n}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Refuse flags that cannot work, before anything loads: no prompt, a sampling setting out of
@@ -318,6 +326,9 @@ pub fn drive(
         };
         let g = runner.generate(&ids, &params, &mut on_text)?;
         totals.add(&g);
+        if g.stop == StopReason::ContextFull && !args.json {
+            eprintln!("\n[the context is full; a larger --ctx holds more]");
+        }
         if args.json {
             let mut report = json_report(&g, &totals, t0.elapsed());
             runner.report(&mut report);
@@ -506,11 +517,7 @@ impl Totals {
 /// milliseconds (`total_ms` from the start of loading). Runners add their own fields.
 pub fn json_report(g: &Generation, t: &Totals, total: Duration) -> Map<String, Value> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let stop = match g.stop {
-        StopReason::EndOfGeneration => "eog",
-        StopReason::StopString => "stop",
-        StopReason::MaxTokens => "length",
-    };
+    let stop = g.stop.name();
     let Value::Object(map) = json!({
         "prompt_ids": g.prompt_ids,
         "ids": g.ids,

@@ -7,10 +7,10 @@
 //! session with a KV cache that computes only the new token, and the loop does not change.
 
 use crate::compute::Scratch;
-use crate::model::{Batch, ForwardError, Model};
+use crate::model::{Batch, ForwardError, Model, NonFinite};
 use crate::sampling::{Sampler, SamplerParams};
 use ch02::{StreamDecoder, Tokenizer};
-use ch03::NoObserver;
+use ch03::{KvError, NoObserver};
 use std::time::{Duration, Instant};
 
 /// Computes next-token logits for a growing sequence.
@@ -67,6 +67,21 @@ pub enum StopReason {
     EndOfGeneration,
     StopString,
     MaxTokens,
+    /// The context is full: the next token would need a position the KV cache (or the RoPE
+    /// table) does not have. llama.cpp stops there too.
+    ContextFull,
+}
+
+impl StopReason {
+    /// The name used in `--json` and by the server: `eog`, `stop`, `length`, `context`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::EndOfGeneration => "eog",
+            StopReason::StopString => "stop",
+            StopReason::MaxTokens => "length",
+            StopReason::ContextFull => "context",
+        }
+    }
 }
 
 /// The result of a generation, with timings.
@@ -227,6 +242,16 @@ impl<'t> Generator<'t> {
         (next, text)
     }
 
+    /// End generation for `reason` (the context is full, say) before the next token; returns
+    /// the text still held back.
+    pub fn end(&mut self, reason: StopReason) -> String {
+        if self.stop.is_some() {
+            return String::new();
+        }
+        self.stop = Some(reason);
+        self.finish()
+    }
+
     /// The text still held back once generation ends: bytes of an unfinished character, and
     /// text that turned out not to start a stop string.
     fn finish(&mut self) -> String {
@@ -270,7 +295,18 @@ pub fn generate(
     let mut n_new = prompt.len();
     while generator.stop.is_none() {
         let t0 = Instant::now();
-        let logits = session.next_logits(&tokens, n_new)?;
+        let logits = match session.next_logits(&tokens, n_new) {
+            Ok(logits) => logits,
+            // The prompt fitted, the next token does not: stop cleanly, as llama.cpp does.
+            Err(ForwardError::Kv(KvError::Full { .. }) | ForwardError::PositionOutOfRange { .. })
+                if !generator.ids.is_empty() =>
+            {
+                on_text(&generator.end(StopReason::ContextFull));
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        NonFinite::check(logits, generator.ids.len(), &tokens)?;
         if generator.ids.is_empty() {
             prefill = t0.elapsed();
         } else {

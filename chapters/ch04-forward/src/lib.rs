@@ -32,7 +32,7 @@ pub use compute::{Compute, Scratch};
 pub use generate::{
     GenParams, Generation, Generator, Session, StopFilter, StopReason, Uncached, generate,
 };
-pub use model::{Batch, ForwardError, Model, Weights};
+pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights};
 pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
 
 /// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".

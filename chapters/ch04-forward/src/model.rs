@@ -6,6 +6,7 @@ use crate::layer::LayerWeights;
 use ch03::attention::reserve_batch_with;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
 use ch03::{Attention, Config, GgufFile, KvError, KvStore, Observer, TokenPos};
+use shared::memory::{TooLarge, checked_bytes};
 use std::fmt;
 use std::sync::Arc;
 
@@ -100,7 +101,84 @@ pub enum ForwardError {
     },
     /// The KV store has no room.
     Kv(KvError),
+    /// The logits are NaN or infinite: the weights or hyperparameters are broken.
+    NonFinite(NonFinite),
 }
+
+/// Logits that are not finite. Generation checks every row of logits it samples from (a cheap
+/// scan of `vocab` values); only when that fails does [`NonFinite::locate`] run the sequence
+/// again, observed, to find the first tensor of the forward pass that holds a NaN or an
+/// infinity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NonFinite {
+    /// Generation step whose logits were not finite (0: the prompt's).
+    pub step: usize,
+    /// The sequence those logits were computed for: the prompt and the tokens before `step`.
+    pub tokens: Vec<u32>,
+    /// The first tensor (llama.cpp's name, with its layer) holding a non-finite value, once
+    /// [`NonFinite::locate`] has looked.
+    pub tensor: Option<String>,
+}
+
+impl NonFinite {
+    /// `Err` if `logits` hold a NaN or an infinity.
+    pub fn check(logits: &[f32], step: usize, tokens: &[u32]) -> Result<(), NonFinite> {
+        if logits.iter().all(|x| x.is_finite()) {
+            return Ok(());
+        }
+        Err(NonFinite {
+            step,
+            tokens: tokens.to_vec(),
+            tensor: None,
+        })
+    }
+
+    /// Find where the non-finite values first appear, by running `model` on the sequence
+    /// again (without a cache, observing every tensor).
+    pub fn locate(mut self, model: &Model) -> NonFinite {
+        if self.tensor.is_none() {
+            self.tensor = model.first_non_finite(&self.tokens);
+        }
+        self
+    }
+}
+
+impl fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the logits of generation step {} are not finite", self.step)?;
+        if let Some(t) = &self.tensor {
+            write!(f, "; the first NaN or infinity appears in tensor {t:?}")?;
+        }
+        write!(f, ": the model's weights or hyperparameters are broken")
+    }
+}
+
+/// A context size the model cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContextError {
+    /// 0, or more positions than the model was trained on (`context_length`).
+    OutOfRange { n_ctx: usize, context_length: usize },
+    /// The RoPE table or the KV cache for it would not fit in memory (or overflows).
+    TooLarge(TooLarge),
+}
+
+impl fmt::Display for ContextError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ContextError::OutOfRange {
+                n_ctx,
+                context_length,
+            } => write!(
+                f,
+                "a context of {n_ctx} positions: it must be between 1 and the model's \
+                 {context_length} (context_length)"
+            ),
+            ContextError::TooLarge(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ContextError {}
 
 impl fmt::Display for ForwardError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -120,6 +198,7 @@ impl fmt::Display for ForwardError {
                 "position {pos} at batch index {index} is beyond the model's context of {max} positions"
             ),
             ForwardError::Kv(e) => write!(f, "{e}"),
+            ForwardError::NonFinite(e) => write!(f, "{e}"),
         }
     }
 }
@@ -132,6 +211,57 @@ impl From<KvError> for ForwardError {
     }
 }
 
+impl From<NonFinite> for ForwardError {
+    fn from(e: NonFinite) -> Self {
+        ForwardError::NonFinite(e)
+    }
+}
+
+/// Records the name of the first observed tensor that holds a NaN or an infinity.
+struct FirstNonFinite(Option<String>);
+
+impl Observer for FirstNonFinite {
+    fn enabled(&self) -> bool {
+        self.0.is_none()
+    }
+    fn observe(&mut self, name: &str, _shape: &[usize], data: &[f32]) {
+        if self.0.is_none() && data.iter().any(|x| !x.is_finite()) {
+            self.0 = Some(name.to_string());
+        }
+    }
+}
+
+/// Refuse a context of `n_ctx` positions that is out of range for `cfg`, or whose RoPE table
+/// or f32 KV cache would not fit in memory.
+fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
+    if n_ctx == 0 || n_ctx > cfg.context_length {
+        return Err(ContextError::OutOfRange {
+            n_ctx,
+            context_length: cfg.context_length,
+        });
+    }
+    let f32_bytes = size_of::<f32>() as u64;
+    let (n, layers) = (n_ctx as u64, cfg.n_layer as u64);
+    checked_bytes(
+        &format!("the RoPE table for a context of {n_ctx}"),
+        &[("positions", n), ("rotated dims", cfg.rope_dim as u64), ("bytes", f32_bytes)],
+    )
+    .and_then(|_| {
+        checked_bytes(
+            &format!("the KV cache for a context of {n_ctx}"),
+            &[
+                ("layers", layers),
+                ("positions", n),
+                ("K and V", 2),
+                ("kv width", cfg.kv_dim() as u64),
+                ("bytes", f32_bytes),
+            ],
+        )
+    })
+    .map(|_| ())
+    .map_err(ContextError::TooLarge)
+}
+
 impl Model {
     /// Build the model from a GGUF file, each weight matrix made by `loader`.
     pub fn load<B: AsRef<[u8]>>(
@@ -139,7 +269,6 @@ impl Model {
         loader: &dyn MatrixLoader,
     ) -> Result<Model, LoadError> {
         let config = Config::from_gguf(&file.gguf).map_err(|e| LoadError::Other(e.to_string()))?;
-        let attention = Attention::new(&config)?;
         let (d, vocab) = (config.d_model, config.vocab_size);
         let layers = (0..config.n_layer)
             .map(|l| LayerWeights::load(file, loader, &config, l))
@@ -154,6 +283,11 @@ impl Model {
                 Some(load_matrix(file, loader, "output.weight", d, vocab)?)
             },
         };
+        // After the weights, whose shapes have confirmed the widths the metadata states: the
+        // RoPE table is sized by them and by the run's context, not by the file's claim.
+        let n_ctx = config.default_context();
+        check_context(&config, n_ctx).map_err(|e| LoadError::Other(e.to_string()))?;
+        let attention = Attention::new(&config, n_ctx)?;
         Ok(Model {
             config,
             attention,
@@ -174,6 +308,36 @@ impl Model {
             .output
             .as_deref()
             .unwrap_or(&*self.weights.token_embd)
+    }
+
+    /// Positions this model runs: the length of its RoPE table. [`Config::default_context`]
+    /// after loading; [`Model::set_context`] changes it.
+    pub fn n_ctx(&self) -> usize {
+        self.attention.rope.n_pos()
+    }
+
+    /// Run with a context of `n_ctx` positions (llama.cpp's `--ctx-size`): between 1 and the
+    /// model's `context_length`, and small enough that its RoPE table and an f32 KV cache of
+    /// that size fit in memory, checked before anything is allocated.
+    pub fn set_context(&mut self, n_ctx: usize) -> Result<(), ContextError> {
+        check_context(&self.config, n_ctx)?;
+        if n_ctx != self.n_ctx() {
+            self.attention = Attention::new(&self.config, n_ctx)
+                .expect("the configuration was accepted when the model loaded");
+        }
+        Ok(())
+    }
+
+    /// The name of the first tensor of the forward pass over `tokens` that holds a NaN or an
+    /// infinity (`None` if there is none, or the sequence cannot run).
+    pub fn first_non_finite(&self, tokens: &[u32]) -> Option<String> {
+        let mut obs = FirstNonFinite(None);
+        let batch = Batch::sequence(0, tokens, 0, false);
+        let logits = self.forward(&batch, &mut self.new_kv(), &mut obs).ok()?;
+        obs.0.or_else(|| {
+            let bad = logits.iter().any(|x| !x.is_finite());
+            bad.then(|| "result_output".to_string())
+        })
     }
 
     /// A fresh, empty store of keys and values that fits this model.
@@ -242,6 +406,9 @@ impl Model {
         for (row, &t) in x.chunks_exact_mut(d).zip(&batch.tokens) {
             self.weights.token_embd.get_row(t as usize, row);
         }
+        if obs.enabled() {
+            obs.observe("inp_embd", &[n, d], x);
+        }
         for (l, w) in self.weights.layers.iter().enumerate() {
             ops.rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, h);
             if obs.enabled() {
@@ -286,6 +453,15 @@ impl Model {
         );
         s.logits.resize(n_out * cfg.vocab_size, 0.0); // (n_out, vocab)
         self.output().matmul(&s.normed, &mut s.logits);
+        // A NaN in the residual stream must reach the logits, where generation looks for it
+        // (`NonFinite`); a quantized product could hide it, since quantizing activations to
+        // Q8 turns NaN into 0. Checking d_model values per row costs nothing next to the
+        // product.
+        for (x, logits) in s.sel.chunks_exact(d).zip(s.logits.chunks_exact_mut(cfg.vocab_size)) {
+            if x.iter().any(|v| !v.is_finite()) {
+                logits.fill(f32::NAN);
+            }
+        }
         if obs.enabled() {
             obs.observe("result_norm", &[n_out, d], &s.normed);
             obs.observe("result_output", &[n_out, cfg.vocab_size], &s.logits);

@@ -5,6 +5,7 @@
 //! query attention is why that is affordable: with one KV head per query head (9 instead of 3) it
 //! would be three times as much.
 
+use crate::kv_floats;
 use ch04::ch03::kv::{KvError, KvStore, KvView};
 
 /// What happens when the cache is full.
@@ -43,14 +44,33 @@ impl ContiguousCache {
         )
     }
 
+    /// A cache of `capacity` positions of `n_layer` layers of keys and values `kv_dim` wide.
+    ///
+    /// # Panics
+    /// If the size overflows or exceeds the machine's memory: sizes from a file or a flag go
+    /// through [`ContiguousCache::try_new`] (or `Model::set_context`) first.
     pub fn new(
         n_layer: usize,
         kv_dim: usize,
         capacity: usize,
         overflow: Overflow,
     ) -> ContiguousCache {
-        let n = n_layer * capacity * kv_dim;
-        ContiguousCache {
+        Self::try_new(n_layer, kv_dim, capacity, overflow).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`ContiguousCache::new`], with the size checked (for overflow and against the
+    /// machine's memory) before anything is allocated.
+    pub fn try_new(
+        n_layer: usize,
+        kv_dim: usize,
+        capacity: usize,
+        overflow: Overflow,
+    ) -> Result<ContiguousCache, KvError> {
+        let n = kv_floats(
+            &format!("a KV cache of {capacity} positions"),
+            &[("layers", n_layer), ("positions", capacity), ("kv width", kv_dim)],
+        )?;
+        Ok(ContiguousCache {
             n_layer,
             kv_dim,
             capacity,
@@ -58,7 +78,7 @@ impl ContiguousCache {
             k: vec![0.0; n],
             v: vec![0.0; n],
             len: 0,
-        }
+        })
     }
 
     /// Positions stored (or, with a sliding window, seen) so far.

@@ -21,5 +21,15 @@ pub use contiguous::{ContiguousCache, Overflow};
 pub use paged::{BlockAllocator, BlockId, BlockTable, PagedCache};
 pub use session::Cached;
 
+/// Floats in each of a cache's K and V buffers: the product of `dims`, checked for overflow and
+/// against the machine's memory (both buffers counted) before anything is allocated.
+pub(crate) fn kv_floats(what: &str, dims: &[(&str, usize)]) -> Result<usize, ch04::KvError> {
+    let mut factors: Vec<(&str, u64)> = dims.iter().map(|&(n, v)| (n, v as u64)).collect();
+    factors.extend([("K and V", 2), ("bytes", size_of::<f32>() as u64)]);
+    let bytes = shared::memory::checked_bytes(what, &factors)
+        .map_err(|e| ch04::KvError::Other(e.to_string()))?;
+    Ok((bytes / 2 / size_of::<f32>() as u64) as usize)
+}
+
 /// Everything earlier chapters offer, so `ch05` reads as "the engine as of chapter 5".
 pub use ch04::{self, *};

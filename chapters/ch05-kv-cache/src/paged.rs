@@ -95,9 +95,33 @@ pub struct PagedCache {
 }
 
 impl PagedCache {
+    /// A pool of `n_blocks` blocks of `block_size` positions.
+    ///
+    /// # Panics
+    /// If the size overflows or exceeds the machine's memory: sizes from a file or a flag go
+    /// through [`PagedCache::try_new`] first.
     pub fn new(n_layer: usize, kv_dim: usize, block_size: usize, n_blocks: usize) -> PagedCache {
-        let n = n_blocks * n_layer * block_size * kv_dim;
-        PagedCache {
+        Self::try_new(n_layer, kv_dim, block_size, n_blocks).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`PagedCache::new`], with the size checked (for overflow and against the machine's
+    /// memory) before anything is allocated.
+    pub fn try_new(
+        n_layer: usize,
+        kv_dim: usize,
+        block_size: usize,
+        n_blocks: usize,
+    ) -> Result<PagedCache, KvError> {
+        let n = crate::kv_floats(
+            &format!("a paged KV cache of {n_blocks} blocks"),
+            &[
+                ("blocks", n_blocks),
+                ("layers", n_layer),
+                ("block size", block_size),
+                ("kv width", kv_dim),
+            ],
+        )?;
+        Ok(PagedCache {
             n_layer,
             kv_dim,
             block_size,
@@ -105,7 +129,7 @@ impl PagedCache {
             v: vec![0.0; n],
             allocator: BlockAllocator::new(n_blocks),
             tables: Vec::new(),
-        }
+        })
     }
 
     pub fn block_size(&self) -> usize {

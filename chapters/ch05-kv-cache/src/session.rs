@@ -19,10 +19,11 @@ pub struct Cached<'m, K: KvStore> {
 }
 
 impl<'m> Cached<'m, crate::ContiguousCache> {
-    /// A session with a contiguous cache of `n_ctx` positions (the model's context length when
-    /// `None`) that refuses to overflow, and prefill chunks of 256 tokens: what the examples use.
+    /// A session with a contiguous cache of `n_ctx` positions (the model's run context,
+    /// [`Model::n_ctx`], when `None`, and never more) that refuses to overflow, and prefill
+    /// chunks of 256 tokens: what the examples use.
     pub fn contiguous(model: &'m Model, n_ctx: Option<usize>) -> Self {
-        let n_ctx = n_ctx.unwrap_or(model.config.context_length);
+        let n_ctx = n_ctx.map_or(model.n_ctx(), |n| n.min(model.n_ctx()));
         Cached::new(model, crate::ContiguousCache::for_model(model, n_ctx), 256)
     }
 }

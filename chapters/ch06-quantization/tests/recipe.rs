@@ -97,9 +97,9 @@ fn model(n_layer: usize, d: u64, n_head: u32, n_head_kv: u32, tied: bool) -> Ggu
         t(format!("blk.{l}.ffn_down.weight"), vec![3 * d, d]);
     }
     let s = |x: &str| Value::String(x.into());
-    Gguf {
-        version: 3,
-        metadata: vec![
+    Gguf::new(
+        3,
+        vec![
             ("general.architecture".into(), s("llama")),
             ("llama.block_count".into(), Value::U32(n_layer as u32)),
             ("llama.attention.head_count".into(), Value::U32(n_head)),
@@ -109,9 +109,9 @@ fn model(n_layer: usize, d: u64, n_head: u32, n_head_kv: u32, tied: bool) -> Ggu
             ),
         ],
         tensors,
-        alignment: 32,
-        data_offset: 0,
-    }
+        32,
+        0,
+    )
 }
 
 fn layers_with(plan: &Plan, kind: &str, ty: GgmlType) -> Vec<usize> {

@@ -36,8 +36,8 @@
 use crate::prefix::PrefixCache;
 use crate::request::{Finished, Request, RequestId};
 use ch06::{
-    BadSamplerParam, Batch, ForwardError, Generator, Model, NoObserver, PagedCache, Scratch,
-    StopReason, Tokenizer,
+    BadSamplerParam, Batch, ForwardError, Generator, Model, NoObserver, NonFinite, PagedCache,
+    Scratch, StopReason, Tokenizer,
 };
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -300,12 +300,13 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         Ok(Scheduler {
             model,
             tokenizer,
-            kv: PagedCache::new(
+            kv: PagedCache::try_new(
                 model.n_layer(),
                 model.kv_dim(),
                 config.block_size,
                 config.n_blocks,
-            ),
+            )
+            .map_err(|e| SchedulerError::Config(e.to_string()))?,
             prefix: PrefixCache::new(config.block_size),
             seqs: Vec::new(),
             free_slots: (0..config.max_running).rev().collect(),
@@ -318,6 +319,10 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         })
     }
 
+    /// The model the requests run on.
+    pub fn model(&self) -> &'m M {
+        self.model
+    }
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
@@ -470,6 +475,10 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 continue; // a prompt chunk that is not the last
             }
             let row = rows.next().expect("one logits row per completed sequence");
+            // A NaN from broken weights would be sampled as some token and printed as
+            // garbage; the model's weights are shared, so the step fails for everyone.
+            NonFinite::check(row, s.out.ids.len(), &s.tokens)
+                .map_err(|e| SchedulerError::Forward(e.into()))?;
             let (token, text) = s.out.sample(row, &s.tokens);
             s.ttft.get_or_insert_with(|| s.submitted.elapsed());
             s.tokens.push(token);

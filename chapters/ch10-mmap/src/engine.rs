@@ -7,8 +7,9 @@ use crate::loader::ViewLoader;
 use crate::mapped::{MapOptions, PageAdvice, SharedBytes, map_gguf, read_gguf};
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
-    ChatTemplate, FastLoader, Finished, GenParams, Generation, Gguf, GgufFile, Model, PoolKind,
-    Request, RequestId, Scheduler, SchedulerConfig, Sink, Tokenizer, new_pool,
+    ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf, GgufFile,
+    Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink,
+    StopReason, Tokenizer, new_pool,
 };
 use clap::Parser;
 use serde_json::{Map, Value, json};
@@ -219,13 +220,15 @@ pub struct Scheduled<'m> {
 }
 
 impl<'m> Scheduled<'m> {
-    /// A scheduler over `engine`'s model with room for `n_ctx` positions, running up to
-    /// `parallel` requests at once.
+    /// A scheduler over `engine`'s model with room for `n_ctx` positions, at most the
+    /// model's run context ([`Model::n_ctx`], which `--ctx` sets), running up to `parallel`
+    /// requests at once.
     pub fn new(engine: &'m Engine, n_ctx: usize, parallel: usize) -> Result<Self, Box<dyn Error>> {
-        let model_ctx = engine.model.config.context_length;
+        let model_ctx = engine.model.n_ctx();
         if n_ctx == 0 || n_ctx > model_ctx {
             return Err(format!(
-                "--ctx {n_ctx}: the context must be between 1 and the model's {model_ctx} positions"
+                "a pool of {n_ctx} positions: it must be between 1 and the model's run context \
+                 of {model_ctx} positions"
             )
             .into());
         }
@@ -242,6 +245,19 @@ impl<'m> Scheduled<'m> {
             mode: engine.mode,
             repacked: engine.repacked,
         })
+    }
+}
+
+impl Scheduled<'_> {
+    /// A failed step, explained: non-finite logits are traced to the first tensor that went
+    /// bad.
+    fn explain(&self, e: SchedulerError) -> Box<dyn Error> {
+        match e {
+            SchedulerError::Forward(ForwardError::NonFinite(e)) => {
+                e.locate(self.scheduler.model()).to_string().into()
+            }
+            e => e.into(),
+        }
     }
 }
 
@@ -276,22 +292,28 @@ impl Runner for Scheduled<'_> {
         }
         // Generation stops when the context is full: the last token takes no position.
         let mut params = params.clone();
+        let requested = params.max_tokens;
         params.max_tokens = params.max_tokens.min(n_ctx - prompt.len() + 1);
+        let capped = params.max_tokens < requested;
         let id = self.scheduler.submit(Request {
             prompt: prompt.to_vec(),
             params,
         })?;
         let mut sink = OneRequest { id, on_text };
         let done: Finished = loop {
-            let mut report = self.scheduler.step(&mut sink)?;
+            let mut report = self.scheduler.step(&mut sink).map_err(|e| self.explain(e))?;
             if let Some(i) = report.finished.iter().position(|f| f.id == id) {
                 break report.finished.swap_remove(i);
             }
         };
+        let stop = match done.stop {
+            StopReason::MaxTokens if capped => StopReason::ContextFull,
+            stop => stop,
+        };
         Ok(Generation {
             prompt_ids: prompt.to_vec(),
             text: done.text,
-            stop: done.stop,
+            stop,
             reused: done.cached_tokens.min(prompt.len()),
             prefill: done.ttft,
             decode: done.latency.saturating_sub(done.ttft),
@@ -328,12 +350,12 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     cli::check(g)?;
     let path: PathBuf = g.model_path()?;
     let t0 = Instant::now();
-    let engine = Engine::load(&path, args.load_mode(), args.fast_loader())?;
+    let mut engine = Engine::load(&path, args.load_mode(), args.fast_loader())?;
+    cli::set_context(&mut engine.model, g.ctx)?;
     if !g.json {
         eprintln!("{}", engine.describe(&path));
     }
-    let n_ctx = g.ctx.unwrap_or(engine.model.config.context_length);
-    let mut runner = Scheduled::new(&engine, n_ctx, 1)?;
+    let mut runner = Scheduled::new(&engine, engine.model.n_ctx(), 1)?;
     cli::drive(
         g,
         &engine.tokenizer,

@@ -24,7 +24,7 @@ pub use value::{Value, ValueType};
 
 use crate::ggml_type::GgmlType;
 use reader::Reader;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -55,6 +55,9 @@ pub struct Gguf {
     pub alignment: u64,
     /// Where the data section starts, from the start of the file.
     pub data_offset: u64,
+    /// Tensor name → index in `tensors`, built once so that a lookup by name is not a scan of
+    /// hundreds of names (the loader looks up several per layer).
+    tensor_index: HashMap<String, usize>,
 }
 
 /// Name, shape, type and position of one tensor.
@@ -160,6 +163,29 @@ impl Gguf {
     /// tensor's bytes lie inside `bytes`, aligned and without overlapping another tensor.
     pub fn parse(bytes: &[u8]) -> Result<Gguf, GgufError> {
         Ok(parse(bytes)?)
+    }
+
+    /// A `Gguf` from its parts (for files made in memory: tests, writers). Tensor names must be
+    /// unique; the first of a repeated name is the one [`Gguf::tensor`] finds.
+    pub fn new(
+        version: u32,
+        metadata: Vec<(String, Value)>,
+        tensors: Vec<TensorInfo>,
+        alignment: u64,
+        data_offset: u64,
+    ) -> Gguf {
+        let mut tensor_index = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            tensor_index.entry(t.name.clone()).or_insert(i);
+        }
+        Gguf {
+            version,
+            metadata,
+            tensors,
+            alignment,
+            data_offset,
+            tensor_index,
+        }
     }
 
     /// The value of metadata `key`.
@@ -269,7 +295,11 @@ impl Gguf {
 
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensors.iter().find(|t| t.name == name)
+        match self.tensor_index.get(name).and_then(|&i| self.tensors.get(i)) {
+            Some(t) if t.name == name => Some(t),
+            // `tensors` is public and may have been changed after parsing: scan.
+            _ => self.tensors.iter().find(|t| t.name == name),
+        }
     }
 }
 
@@ -357,13 +387,7 @@ fn parse(bytes: &[u8]) -> Result<Gguf, ParseError> {
         file_len.saturating_sub(data_offset),
     )?;
 
-    Ok(Gguf {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+    Ok(Gguf::new(version, metadata, tensors, alignment, data_offset))
 }
 // ANCHOR_END: parse
 
