@@ -41,6 +41,22 @@ pub struct ChatTemplate {
 
 const NAME: &str = "chat_template";
 
+/// The most minijinja instructions ("fuel") one render may run. A template is code from the
+/// model file, and `{% for a in range(100000) %}{% for b in range(100000) %}` would run for
+/// hours. Real templates need few, in proportion to the conversation: for 100 messages,
+/// SmolLM2's template runs 2 313 instructions, and the costliest of the 42 real templates
+/// (llama.cpp's collection and GGUF files) that render with this context, DeepSeek V4's,
+/// 8 119; 800 119 for 10 000 messages (`examples/template_fuel.rs` measures them). 20 M is
+/// 2 400 times that 100-message cost: 250 000 messages, far past any context window; a
+/// runaway loop stops after about a second.
+pub const MAX_TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// The longest rendered conversation, in bytes. A prompt must fit the model's context window:
+/// 1 M tokens, the longest of today's open models, is about 4 MiB of text, and twice that
+/// leaves room for scripts that take more bytes per token. A template that writes without end
+/// stops here: the output is never held past this size.
+pub const MAX_RENDERED_BYTES: usize = 8 << 20;
+
 // ANCHOR: template
 impl ChatTemplate {
     /// Compile `source`. `bos_token` and `eos_token` are the texts templates may refer to as
@@ -59,6 +75,7 @@ impl ChatTemplate {
                 .lstrip_blocks(true)
                 .build()?,
         );
+        env.set_fuel(Some(MAX_TEMPLATE_FUEL));
         // Templates call `raise_exception('...')` to reject a conversation they cannot render.
         env.add_function(
             "raise_exception",
@@ -81,18 +98,18 @@ impl ChatTemplate {
     pub fn from_gguf(gguf: &ch01::Gguf) -> Result<ChatTemplate, TokenizerError> {
         let source = gguf.get_str("tokenizer.chat_template")?;
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
-        let text = |key: &str| -> Result<String, TokenizerError> {
+        let text = |key: &'static str| -> Result<String, TokenizerError> {
             if gguf.get(key).is_none() {
                 return Ok(String::new());
             }
             let id = gguf.get_u32(key)?;
-            tokens
-                .get(id as usize)
-                .map(|t| t.to_string())
-                .ok_or(TokenizerError::TokenOutOfRange {
+            tokens.get(id as usize).map(|t| t.to_string()).ok_or(
+                TokenizerError::SpecialIdOutOfRange {
+                    key,
                     id,
-                    n_vocab: tokens.len(),
-                })
+                    n_tokens: tokens.len(),
+                },
+            )
         };
         ChatTemplate::new(
             source,
@@ -102,26 +119,90 @@ impl ChatTemplate {
     }
 
     /// Render `messages`. With `add_generation_prompt` the text ends with the header of an
-    /// assistant turn, so that what the model writes next is the answer.
+    /// assistant turn, so that what the model writes next is the answer. A template that runs
+    /// more than [`MAX_TEMPLATE_FUEL`] instructions or writes more than [`MAX_RENDERED_BYTES`]
+    /// is stopped with an error.
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_counted(messages, add_generation_prompt)
+            .map(|(text, _)| text)
+    }
+
+    /// [`ChatTemplate::render`], also returning the fuel the render used: how close a
+    /// conversation comes to [`MAX_TEMPLATE_FUEL`].
+    pub fn render_counted(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<(String, u64), TokenizerError> {
         let template = self.env.get_template(NAME)?;
         let messages: Vec<minijinja::Value> = messages
             .iter()
             .map(|m| minijinja::context! { role => &m.role, content => &m.content })
             .collect();
-        Ok(template.render(minijinja::context! {
+        let context = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
-        })?)
+        };
+        // minijinja writes its output in pieces; the writer refuses the piece that would pass
+        // the limit, so the text never grows past it.
+        let mut out = BoundedWriter {
+            bytes: Vec::new(),
+            limit: MAX_RENDERED_BYTES,
+            overflowed: false,
+        };
+        let rendered = template.render_captured_to(context, &mut out);
+        if out.overflowed {
+            return Err(TokenizerError::TemplateOutputTooLong {
+                limit: MAX_RENDERED_BYTES,
+            });
+        }
+        let fuel = match rendered {
+            Ok(captured) => captured.state().fuel_levels().map_or(0, |(used, _)| used),
+            Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => {
+                return Err(TokenizerError::TemplateOutOfFuel {
+                    limit: MAX_TEMPLATE_FUEL,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // minijinja writes whole `str`s and the writer takes each whole or not at all.
+        let text = String::from_utf8(out.bytes)
+            .map_err(|e| TokenizerError::Template(format!("rendered text: {e}")))?;
+        Ok((text, fuel))
     }
 }
 // ANCHOR_END: template
+
+/// Collects rendered text, failing a write that would take it past `limit` bytes.
+struct BoundedWriter {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() > self.limit - self.bytes.len() {
+            self.overflowed = true;
+            return Err(std::io::Error::other(format!(
+                "rendered text passes {} bytes",
+                self.limit
+            )));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -144,5 +225,13 @@ mod tests {
         let e = t.render(&[], true).unwrap_err().to_string();
         assert!(e.contains("no system role"), "{e}");
         assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+    }
+
+    #[test]
+    fn endless_recursion_is_an_error() {
+        let source = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let e = t.render(&[], true).unwrap_err().to_string();
+        assert!(e.contains("recursion limit"), "{e}");
     }
 }

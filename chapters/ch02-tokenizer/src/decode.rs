@@ -14,9 +14,12 @@ use crate::vocab::{TokenAttr, Vocab, VocabKind};
 // ANCHOR: piece
 /// The bytes token `id` stands for, with special tokens rendered as their text (llama.cpp's
 /// `token_to_piece(..., special = true)`, which it computes once per token and caches).
+/// Empty for an id outside the vocabulary.
 pub fn token_piece(vocab: &Vocab, id: u32) -> Vec<u8> {
-    let attr = vocab.attrs[id as usize];
-    let text = &vocab.tokens[id as usize];
+    let (Some(&attr), Some(text)) = (vocab.attrs.get(id as usize), vocab.tokens.get(id as usize))
+    else {
+        return Vec::new();
+    };
     if attr.has(TokenAttr::UNKNOWN | TokenAttr::CONTROL | TokenAttr::USER_DEFINED) {
         return text.as_bytes().to_vec();
     }
@@ -35,9 +38,15 @@ pub fn token_piece(vocab: &Vocab, id: u32) -> Vec<u8> {
 }
 
 /// Byte-level characters back to bytes. A character outside the byte alphabet cannot come from
-/// a trained vocabulary; llama.cpp writes it out as a marker, and so does this.
+/// byte-level training, but such tokens exist (Command-R's vocabulary has 1 403, single symbols
+/// such as `™`); llama.cpp writes each such character as a marker with its bytes in hex and the
+/// whole token text, `[UNK_BYTE_0xe284a2™]`, and so does this. llama.cpp puts the token text
+/// into every marker, which makes the piece quadratic in the token's length (268 MB for one
+/// token of 16 384 spaces); here only the first marker carries it. The pieces are the same
+/// for every real vocabulary, whose such tokens have one character outside the alphabet.
 fn byte_level_to_bytes(text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
+    let mut text_written = false;
     for c in text.chars() {
         match char_to_byte(c) {
             Some(b) => out.push(b),
@@ -45,14 +54,23 @@ fn byte_level_to_bytes(text: &str) -> Vec<u8> {
                 out.extend_from_slice(b"[UNK_BYTE_0x");
                 let mut buf = [0; 4];
                 for b in c.encode_utf8(&mut buf).bytes() {
-                    out.extend_from_slice(format!("{b:02x}").as_bytes());
+                    out.extend_from_slice(&hex_byte(b));
                 }
-                out.extend_from_slice(text.as_bytes());
+                if !text_written {
+                    out.extend_from_slice(text.as_bytes());
+                    text_written = true;
+                }
                 out.push(b']');
             }
         }
     }
     out
+}
+
+/// Two lower-case hex digits.
+fn hex_byte(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[(b >> 4) as usize], DIGITS[(b & 15) as usize]]
 }
 // ANCHOR_END: piece
 

@@ -13,10 +13,22 @@ pub enum TokenizerError {
     /// `tokenizer.ggml.pre` names a pre-tokenizer this chapter does not implement (`None`: the
     /// key is absent, for which llama.cpp falls back to a rule this chapter leaves out).
     UnsupportedPre(Option<String>),
-    /// An array is shorter than the token list.
-    ShortArray {
+    /// A per-token array (scores, token types) does not have one entry per token.
+    ArrayLength {
         key: &'static str,
         len: usize,
+        n_tokens: usize,
+    },
+    /// More tokens than [`crate::vocab::MAX_VOCAB_TOKENS`].
+    TooManyTokens { n_tokens: usize, limit: usize },
+    /// A token text longer than [`crate::vocab::MAX_TOKEN_BYTES`].
+    TokenTooLong { id: u32, len: usize, limit: usize },
+    /// A special token id (`tokenizer.ggml.bos_token_id`, ...) past the end of the vocabulary,
+    /// where its text is needed (the chat template's `bos_token`). The vocabulary itself
+    /// ignores such an id, as llama.cpp does.
+    SpecialIdOutOfRange {
+        key: &'static str,
+        id: u32,
         n_tokens: usize,
     },
     /// Two tokens have the same text: text-to-id lookup would be ambiguous.
@@ -33,6 +45,10 @@ pub enum TokenizerError {
     TokenOutOfRange { id: u32, n_vocab: usize },
     /// The chat template does not compile or fails to render.
     Template(String),
+    /// The chat template ran more than [`crate::chat::MAX_TEMPLATE_FUEL`] instructions.
+    TemplateOutOfFuel { limit: u64 },
+    /// The rendered conversation would be longer than [`crate::chat::MAX_RENDERED_BYTES`].
+    TemplateOutputTooLong { limit: usize },
 }
 
 impl fmt::Display for TokenizerError {
@@ -53,9 +69,24 @@ impl fmt::Display for TokenizerError {
                 "tokenizer.ggml.pre is missing; the fallback rule llama.cpp then uses is not \
                  implemented here"
             ),
-            TokenizerError::ShortArray { key, len, n_tokens } => write!(
+            TokenizerError::ArrayLength { key, len, n_tokens } => write!(
                 f,
-                "{key} has {len} entries but tokenizer.ggml.tokens has {n_tokens}"
+                "{key} has {len} entries but tokenizer.ggml.tokens has {n_tokens}: one per \
+                 token expected"
+            ),
+            TokenizerError::TooManyTokens { n_tokens, limit } => write!(
+                f,
+                "tokenizer.ggml.tokens has {n_tokens} tokens, more than the limit of {limit} \
+                 (MAX_VOCAB_TOKENS)"
+            ),
+            TokenizerError::TokenTooLong { id, len, limit } => write!(
+                f,
+                "token {id} is {len} bytes long, more than the limit of {limit} bytes \
+                 (MAX_TOKEN_BYTES)"
+            ),
+            TokenizerError::SpecialIdOutOfRange { key, id, n_tokens } => write!(
+                f,
+                "{key} is {id}, past the end of the vocabulary of {n_tokens} tokens"
             ),
             TokenizerError::DuplicateToken {
                 text,
@@ -76,6 +107,15 @@ impl fmt::Display for TokenizerError {
                 "token id {id} is out of range: the vocabulary has {n_vocab} tokens"
             ),
             TokenizerError::Template(msg) => write!(f, "chat template: {msg}"),
+            TokenizerError::TemplateOutOfFuel { limit } => write!(
+                f,
+                "chat template: rendering stopped after {limit} instructions \
+                 (MAX_TEMPLATE_FUEL); the template runs too long for a chat prompt"
+            ),
+            TokenizerError::TemplateOutputTooLong { limit } => write!(
+                f,
+                "chat template: the rendered text passes {limit} bytes (MAX_RENDERED_BYTES)"
+            ),
         }
     }
 }

@@ -21,6 +21,14 @@
 //! - [`tokenizer`]: [`Tokenizer`] (encode, decode) and [`StreamDecoder`];
 //! - [`chat`]: [`ChatTemplate`], the model's Jinja chat template.
 //!
+//! A model file is input like any other: what it may ask for is bounded, each limit a named
+//! constant whose breach is a [`TokenizerError`] naming it. The vocabulary's size and its
+//! longest token ([`vocab::MAX_VOCAB_TOKENS`], [`vocab::MAX_TOKEN_BYTES`]); the chat
+//! template's work and output ([`chat::MAX_TEMPLATE_FUEL`], [`chat::MAX_RENDERED_BYTES`]).
+//! Decoding takes time linear in its output, and encoding linear in the text up to a log
+//! factor for the merge queues (SentencePiece also hashes each candidate merge, at most
+//! twice the longest token).
+//!
 //! Left out: llama.cpp's other tokenizers (WordPiece for BERT, Unigram for T5, RWKV, ...) and
 //! the pre-tokenizers of other model families. Chapter 4 uses this tokenizer to turn a
 //! prompt into ids and generated ids into text.

@@ -339,9 +339,13 @@ impl<'a> StreamDecoder<'a> {
             self.unfinished.extend_from_slice(piece);
             return take_utf8(&mut self.unfinished, false);
         }
+        let old_len = self.uncleaned.len();
         self.uncleaned.extend_from_slice(piece);
-        // Clean up to the last point where cleaning in two parts gives the same result.
-        let cut = (2..=self.uncleaned.len())
+        // Clean up to the last point where cleaning in two parts gives the same result. Only
+        // cuts inside the new piece need a look: whether a cut is possible depends on the two
+        // bytes before it, and the held bytes had none, or the last push would have taken it.
+        // (Looking through all held bytes again would make a run of spaces quadratic.)
+        let cut = ((old_len + 1).max(2)..=self.uncleaned.len())
             .rev()
             .find(|&i| can_clean_separately(&self.uncleaned[..i]));
         if let Some(cut) = cut {

@@ -8,6 +8,22 @@ use crate::TokenizerError;
 use crate::pretokenize::PreTokenizer;
 use std::collections::{BTreeSet, HashMap};
 
+/// The most tokens a vocabulary may have. The largest vocabularies of open models, Gemma 3's
+/// and 4's, have 262 144; four times that leaves room for the next generation while bounding
+/// what a file's token count can make the loader allocate (a few hundred bytes per token
+/// across the tables built here).
+pub const MAX_VOCAB_TOKENS: usize = 1 << 20;
+
+/// The longest token text, in bytes. Real tokens are at most a kilobyte: 1 024 bytes in
+/// Command-R's, MPT's and GPT-NeoX's vocabularies (512 spaces, each written `Ġ`), 256 in
+/// GPT-2's, Llama 3's and Qwen 2's, 93 in Gemma 4's, 48 in Llama 2's. 16 KiB is 16 times
+/// the longest. Loading and decoding are linear in a token's length, but SentencePiece
+/// looks up every candidate merge by its text, up to twice the longest token: a vocabulary
+/// built for it (`b`, `bb`, ..., `b` × 16 384, equal scores) makes encoding a run of `b`
+/// cost about 18 µs a byte at this limit, 2 µs when built up to a kilobyte; real
+/// SentencePiece vocabularies, with tokens under 100 bytes, cost far less.
+pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+
 /// Token attributes: llama.cpp's `llama_token_attr` bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TokenAttr(pub u32);
@@ -227,6 +243,16 @@ const EOG_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
+/// A per-token array has one entry per token, or is absent (`len` 0). llama.cpp reads the
+/// arrays by token id without checking: a short one would read past its end, and one of
+/// another length does not describe these tokens.
+fn check_array_len(key: &'static str, len: usize, n_tokens: usize) -> Result<(), TokenizerError> {
+    if len != 0 && len != n_tokens {
+        return Err(TokenizerError::ArrayLength { key, len, n_tokens });
+    }
+    Ok(())
+}
+
 impl Vocab {
     /// Build a vocabulary from the `tokenizer.ggml.*` arrays. `model` is
     /// `tokenizer.ggml.model`; `types` and `scores` may be empty (keys absent: every token
@@ -240,6 +266,12 @@ impl Vocab {
         opts: &VocabOptions,
     ) -> Result<Vocab, TokenizerError> {
         let n = tokens.len();
+        if n > MAX_VOCAB_TOKENS {
+            return Err(TokenizerError::TooManyTokens {
+                n_tokens: n,
+                limit: MAX_VOCAB_TOKENS,
+            });
+        }
         // Defaults by kind, then by pre-tokenizer (llama_vocab::impl::load).
         let (kind, mut special, add_space_prefix, clean_spaces, ignore_merges, add_bos) =
             match model {
@@ -280,13 +312,7 @@ impl Vocab {
             ("tokenizer.ggml.token_type", types.len()),
             ("tokenizer.ggml.scores", scores.len()),
         ] {
-            if len != 0 && len < n {
-                return Err(TokenizerError::ShortArray {
-                    key,
-                    len,
-                    n_tokens: n,
-                });
-            }
+            check_array_len(key, len, n)?;
         }
 
         let mut tokens = tokens;
@@ -294,6 +320,13 @@ impl Vocab {
         for (i, text) in tokens.iter_mut().enumerate() {
             if text.is_empty() {
                 *text = format!("[EMPTY_{i}]");
+            }
+            if text.len() > MAX_TOKEN_BYTES {
+                return Err(TokenizerError::TokenTooLong {
+                    id: i as u32,
+                    len: text.len(),
+                    limit: MAX_TOKEN_BYTES,
+                });
             }
             if let Some(first) = token_to_id.insert(text.clone(), i as u32) {
                 return Err(TokenizerError::DuplicateToken {
@@ -306,7 +339,7 @@ impl Vocab {
         let attrs = if types.is_empty() {
             vec![TokenAttr(TokenAttr::NORMAL); n]
         } else {
-            types[..n]
+            types
                 .iter()
                 .map(|&t| TokenAttr::from_token_type(t))
                 .collect()
@@ -314,7 +347,7 @@ impl Vocab {
         let scores = if scores.is_empty() {
             vec![0.0; n]
         } else {
-            scores[..n].to_vec()
+            scores
         };
         let merges = merges
             .iter()
@@ -399,6 +432,19 @@ impl Vocab {
         };
 
         let model = gguf.get_str("tokenizer.ggml.model")?;
+        // Sizes first, before copying anything whose size they set.
+        let n_tokens = gguf.get_array("tokenizer.ggml.tokens")?.len();
+        if n_tokens > MAX_VOCAB_TOKENS {
+            return Err(TokenizerError::TooManyTokens {
+                n_tokens,
+                limit: MAX_VOCAB_TOKENS,
+            });
+        }
+        for key in ["tokenizer.ggml.token_type", "tokenizer.ggml.scores"] {
+            if has(key) {
+                check_array_len(key, gguf.get_array(key)?.len(), n_tokens)?;
+            }
+        }
         let tokens: Vec<String> = gguf
             .get_str_array("tokenizer.ggml.tokens")?
             .into_iter()
@@ -431,7 +477,6 @@ impl Vocab {
         };
         // The deprecated prefix/suffix/middle keys come last and win, as in llama.cpp, unless
         // they are out of range.
-        let n_tokens = tokens.len();
         let fim = |new: &str, old: &str| -> Result<Option<u32>, TokenizerError> {
             let old = opt_id(old)?.filter(|&id| (id as usize) < n_tokens);
             Ok(old.or(opt_id(new)?))
@@ -542,12 +587,14 @@ impl Vocab {
         if has("<|end|>")
             && ((has("<|return|>") && has("<|call|>")) || (has("<|calls|>") && has("<|flush|>")))
         {
-            let end = *eog
+            let end = eog
                 .iter()
-                .find(|&&i| self.tokens[i as usize] == "<|end|>")
-                .unwrap();
-            eog.remove(&end);
-            self.attrs[end as usize] = TokenAttr(TokenAttr::USER_DEFINED);
+                .copied()
+                .find(|&i| self.tokens[i as usize] == "<|end|>");
+            if let Some(end) = end {
+                eog.remove(&end);
+                self.attrs[end as usize] = TokenAttr(TokenAttr::USER_DEFINED);
+            }
         }
         self.eog = eog;
     }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use ch02::chat::MAX_TEMPLATE_FUEL;
 use ch02::{ChatTemplate, Message};
 
 fn template() -> ChatTemplate {
@@ -58,4 +59,27 @@ fn rendered_prompt_tokenizes_to_control_tokens_and_back() {
     // Without special parsing the markers are plain text: many more tokens, no control ids.
     let plain = tok.encode(&prompt, true, false);
     assert!(plain.len() > ids.len() && !plain.contains(&im_start));
+}
+
+/// `MAX_TEMPLATE_FUEL` leaves a wide margin: a 100-message conversation uses less than a
+/// thousandth of it, and a 10 000-message one renders.
+#[test]
+fn long_conversations_stay_far_inside_the_fuel_limit() {
+    let conversation = |n: usize| -> Vec<Message> {
+        (0..n)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                Message::new(role, &format!("message {i}"))
+            })
+            .collect()
+    };
+    let (_, fuel) = template().render_counted(&conversation(100), true).unwrap();
+    assert!(
+        fuel * 1000 < MAX_TEMPLATE_FUEL,
+        "{fuel} fuel for 100 messages"
+    );
+    let (text, _) = template()
+        .render_counted(&conversation(10_000), true)
+        .unwrap();
+    assert!(text.ends_with("<|im_start|>assistant\n"));
 }

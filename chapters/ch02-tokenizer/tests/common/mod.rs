@@ -47,3 +47,85 @@ pub fn unhex(s: &str) -> Vec<u8> {
 pub fn show(bytes: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(bytes))
 }
+
+/// A metadata value for [`gguf_bytes`]: the few types a vocabulary uses. Strings are bytes,
+/// so that a test can write what is not UTF-8.
+#[derive(Debug, Clone)]
+pub enum Meta {
+    Str(Vec<u8>),
+    U32(u32),
+    Bool(bool),
+    Strs(Vec<Vec<u8>>),
+    F32s(Vec<f32>),
+    I32s(Vec<i32>),
+}
+
+impl Meta {
+    pub fn str(s: &str) -> Meta {
+        Meta::Str(s.as_bytes().to_vec())
+    }
+
+    pub fn strs(items: &[&str]) -> Meta {
+        Meta::Strs(items.iter().map(|s| s.as_bytes().to_vec()).collect())
+    }
+}
+
+/// A GGUF file (version 3) of metadata only, no tensors.
+pub fn gguf_bytes(kvs: &[(&str, Meta)]) -> Vec<u8> {
+    // GGUF value type ids.
+    const U32: u32 = 4;
+    const I32: u32 = 5;
+    const F32: u32 = 6;
+    const BOOL: u32 = 7;
+    const STRING: u32 = 8;
+    const ARRAY: u32 = 9;
+    fn string(out: &mut Vec<u8>, s: &[u8]) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s);
+    }
+    fn array_header(out: &mut Vec<u8>, element: u32, len: usize) {
+        out.extend(ARRAY.to_le_bytes());
+        out.extend(element.to_le_bytes());
+        out.extend((len as u64).to_le_bytes());
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend(0u64.to_le_bytes()); // tensors
+    out.extend((kvs.len() as u64).to_le_bytes());
+    for (key, value) in kvs {
+        string(&mut out, key.as_bytes());
+        match value {
+            Meta::Str(s) => {
+                out.extend(STRING.to_le_bytes());
+                string(&mut out, s);
+            }
+            Meta::U32(x) => {
+                out.extend(U32.to_le_bytes());
+                out.extend(x.to_le_bytes());
+            }
+            Meta::Bool(b) => {
+                out.extend(BOOL.to_le_bytes());
+                out.push(u8::from(*b));
+            }
+            Meta::Strs(items) => {
+                array_header(&mut out, STRING, items.len());
+                for s in items {
+                    string(&mut out, s);
+                }
+            }
+            Meta::F32s(items) => {
+                array_header(&mut out, F32, items.len());
+                for x in items {
+                    out.extend(x.to_le_bytes());
+                }
+            }
+            Meta::I32s(items) => {
+                array_header(&mut out, I32, items.len());
+                for x in items {
+                    out.extend(x.to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
