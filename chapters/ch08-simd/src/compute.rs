@@ -55,8 +55,10 @@ const PAR_ELEMS: usize = 1 << 15;
 ///
 /// # Safety
 /// The methods are unsafe because an implementation may use instructions the CPU must have:
-/// call them only from code compiled for, and running on, that instruction set. (This is the
-/// safety contract of every method, hence no section per method.)
+/// call them only from code compiled for, and running on, that instruction set. This is the
+/// safety contract of every method, hence no section per method; `scores` and `weighted_sum`
+/// add the row lengths their documentation states. Any other lengths are allowed: a method
+/// reads and writes only inside the slices it is given.
 #[allow(clippy::missing_safety_doc)]
 pub trait F32Simd {
     /// `Σ a_i b_i`.
@@ -83,6 +85,8 @@ pub trait F32Simd {
     #[inline(always)]
     unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
         for (s, k) in s.iter_mut().zip(keys) {
+            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives key rows as
+            // long as `q` (this method's contract), which is all `dot` needs.
             *s = unsafe { Self::dot(q, k) } * scale;
         }
     }
@@ -91,6 +95,8 @@ pub trait F32Simd {
     #[inline(always)]
     unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
         for (&p, v) in p.iter().zip(vals) {
+            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives value rows as
+            // long as `acc` (this method's contract), which is all `axpy` needs.
             unsafe { Self::axpy(acc, p, v) };
         }
     }
@@ -137,6 +143,7 @@ impl F32Simd for Portable {
     }
     #[inline(always)]
     unsafe fn sum_squares(x: &[f32]) -> f32 {
+        // SAFETY: `Portable::dot` is plain Rust.
         unsafe { Self::dot(x, x) }
     }
     #[inline(always)]
@@ -172,14 +179,33 @@ impl F32Isa {
             _ => F32Isa::Portable,
         }
     }
+
+    /// Whether this CPU has the instructions the kernels are compiled for.
+    pub fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let (avx2, avx512) = (
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            is_x86_feature_detected!("avx512f"),
+        );
+        #[cfg(not(target_arch = "x86_64"))]
+        let (avx2, avx512) = (false, false);
+        match self {
+            F32Isa::Portable => true,
+            F32Isa::Avx2 => avx2,
+            F32Isa::Avx512 => avx2 && avx512,
+        }
+    }
 }
 
 /// Writes from several threads into disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 struct Out(*mut f32);
-// SAFETY: every user writes disjoint ranges from different threads, and the buffer outlives
-// the pool job that uses it.
+// SAFETY: an `Out` is only a pointer: moving one to another thread gives no access by itself.
+// Every access goes through the unsafe `slice`, whose callers write disjoint ranges of a
+// buffer that outlives the pool job.
 unsafe impl Send for Out {}
+// SAFETY: sharing an `Out` between the pool's threads is what it is for; as for `Send`, each
+// thread reaches only its own, disjoint range, through `slice`.
 unsafe impl Sync for Out {}
 impl Out {
     /// The pointer (a method, so that a closure captures the whole `Sync` wrapper).
@@ -193,6 +219,9 @@ impl Out {
     /// `at..at + len` is inside the buffer and no other thread touches it meanwhile.
     #[allow(clippy::mut_from_ref)]
     unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        // SAFETY: the caller promises that `at..at + len` lies inside the buffer this pointer was
+        // taken from, which outlives the pool job, and that no other thread reads or writes it
+        // meanwhile: the slice is valid and not aliased.
         unsafe { std::slice::from_raw_parts_mut(self.ptr().add(at), len) }
     }
 }
@@ -316,17 +345,26 @@ unsafe fn attend_unit<S: F32Simd>(
                 }
                 // Scores, then the online softmax: rescale what was accumulated if the
                 // maximum grew, and add this tile's weights and weighted values.
+                // SAFETY: `S`'s instructions are enabled (this function's contract); `q_of` gives
+                // `hd` values and `gather` filled rows `0..nt` of the tile with `hd`-value slices
+                // of the keys, as `scores` needs.
                 unsafe { S::scores(q_of(r, g), &krows[a..b], scale, &mut s[a..b]) };
+                // SAFETY: `S`'s instructions are enabled; `max` reads only inside its slice.
                 let tile_max = unsafe { S::max(&s[a..b]) };
                 let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
                 let m_new = t.m[qv].max(tile_max);
                 if m_new > t.m[qv] {
                     let corr = (t.m[qv] - m_new).exp(); // 0 on the first tile: m = -inf
                     t.l[qv] *= corr;
+                    // SAFETY: `S`'s instructions are enabled; `scale` writes only inside its slice.
                     unsafe { S::scale(acc, corr) };
                     t.m[qv] = m_new;
                 }
+                // SAFETY: `S`'s instructions are enabled; `exp_sum` stays inside its slice.
                 t.l[qv] += unsafe { S::exp_sum(&mut s[a..b], m_new) };
+                // SAFETY: `S`'s instructions are enabled; `acc` holds `hd` values and `gather`
+                // filled rows `0..nt` of the tile with `hd`-value slices of the values, as
+                // `weighted_sum` needs.
                 unsafe { S::weighted_sum(acc, &s[a..b], &vrows[a..b]) };
             }
         }
@@ -341,8 +379,10 @@ unsafe fn attend_unit<S: F32Simd>(
             match dst {
                 Dest::Out(out) => {
                     let inv = if t.l[qv] > 0.0 { 1.0 / t.l[qv] } else { 0.0 };
+                    // SAFETY: `S`'s instructions are enabled; `scale` writes only inside its slice.
                     unsafe { S::scale(acc, inv) };
-                    // SAFETY: (row i, head h) belongs to this unit only.
+                    // SAFETY: row i < n and head h < n_head are inside `out` (`dst`'s contract),
+                    // and this unit is the only one to write them.
                     unsafe { out.slice(i * qd + h * hd, hd) }.copy_from_slice(acc);
                 }
                 Dest::Partial(part) => {
@@ -373,10 +413,18 @@ fn gather<'a>(
     let mut p = j0;
     while p < j1 {
         let r = run(p, j1 - p);
+        // The kernels read a whole head of every row of the tile, so each position must get
+        // one: a run of less than one row (which `KvView` promises never to return) would
+        // leave a row empty.
+        assert!(
+            r.len() >= width,
+            "attention: the KV store returned {} values at position {p}, less than one row of {width}",
+            r.len()
+        );
         for (k, row) in r.chunks_exact(width).enumerate() {
             rows[p - j0 + k] = &row[head.clone()];
         }
-        p += (r.len() / width).max(1);
+        p += r.len() / width;
     }
 }
 
@@ -408,13 +456,15 @@ fn merge(parts: &[f32], splits: usize, stride: usize, idx: usize, out: &mut [f32
 macro_rules! for_isa {
     ($isa:expr, $f:ident :: <S> ($($arg:expr),*)) => {
         match $isa {
-            // SAFETY: `F32Isa::Avx2` is chosen only where the CPU has AVX2 and FMA.
+            // SAFETY: a `SimdCompute` holds `F32Isa::Avx2` only where the CPU has AVX2 and FMA
+            // (`with_isa` checks); the call's other conditions are stated where it is made.
             #[cfg(target_arch = "x86_64")]
             F32Isa::Avx2 => unsafe { avx2::$f($($arg),*) },
-            // SAFETY: `F32Isa::Avx512` is chosen only where the CPU has AVX-512 F, AVX2, FMA.
+            // SAFETY: as above, `F32Isa::Avx512` only where the CPU has AVX-512 F, AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             F32Isa::Avx512 => unsafe { avx512::$f($($arg),*) },
-            // SAFETY: plain Rust.
+            // SAFETY: `Portable` is plain Rust; the call's other conditions are stated where it
+            // is made.
             _ => unsafe { $f::<Portable>($($arg),*) },
         }
     };
@@ -434,18 +484,26 @@ mod avx2 {
         t: &mut Tile,
         dst: Dest,
     ) {
+        // SAFETY: this function enables AVX2 and FMA, which `Avx2` needs; the rest of
+        // `attend_unit`'s contract is this function's own, passed on by its caller.
         unsafe { super::attend_unit::<Avx2>(j, kvh, rows, keys, t, dst) }
     }
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        // SAFETY: this function enables AVX2 and FMA, which `Avx2` needs; `rms_norm_rows` stays
+        // inside its slices.
         unsafe { super::rms_norm_rows::<Avx2>(x, w, eps, out) }
     }
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        // SAFETY: this function enables AVX2 and FMA, which `Avx2` needs; `silu_mul` stays inside
+        // its slices.
         unsafe { <Avx2 as F32Simd>::silu_mul(g, u) }
     }
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn add(x: &mut [f32], y: &[f32]) {
+        // SAFETY: this function enables AVX2 and FMA, which `Avx2` needs; `add` stays inside its
+        // slices.
         unsafe { <Avx2 as F32Simd>::add(x, y) }
     }
 }
@@ -464,6 +522,8 @@ mod avx512 {
         t: &mut Tile,
         dst: Dest,
     ) {
+        // SAFETY: this function enables AVX-512 F, AVX2 and FMA, which `Avx512` needs; the rest of
+        // `attend_unit`'s contract is this function's own, passed on by its caller.
         unsafe { super::attend_unit::<Avx512>(j, kvh, rows, keys, t, dst) }
     }
     // The rest is AVX2's: sixteen lanes buy nothing on loops bound by memory.
@@ -475,20 +535,27 @@ mod avx512 {
 unsafe fn rms_norm_rows<S: F32Simd>(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        // SAFETY: `S`'s instructions are enabled (the caller's contract); `sum_squares` reads only
+        // `row`.
         let sum = unsafe { S::sum_squares(row) } as f64;
         let mean = (sum / d as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
+        // SAFETY: `S`'s instructions are enabled; `scale_mul` stays inside its three slices.
         unsafe { S::scale_mul(row, scale, w, o) };
     }
 }
 
 #[inline(always)]
 unsafe fn silu_mul<S: F32Simd>(g: &mut [f32], u: &[f32]) {
+    // SAFETY: `S`'s instructions are enabled (the caller's contract); `silu_mul` stays inside its
+    // slices.
     unsafe { S::silu_mul(g, u) }
 }
 
 #[inline(always)]
 unsafe fn add<S: F32Simd>(x: &mut [f32], y: &[f32]) {
+    // SAFETY: `S`'s instructions are enabled (the caller's contract); `add` stays inside its
+    // slices.
     unsafe { S::add(x, y) }
 }
 
@@ -512,7 +579,13 @@ impl SimdCompute {
     }
 
     /// The portable kernels (for tests and benchmarks), or those of a kernel set.
+    ///
+    /// Panics if this CPU lacks `isa`'s instructions: every kernel call relies on them.
     pub fn with_isa(isa: F32Isa, pool: Arc<dyn Parallel>) -> SimdCompute {
+        assert!(
+            isa.is_available(),
+            "SimdCompute: this CPU lacks the instructions of the {isa:?} kernels"
+        );
         let tiles = (0..pool.threads().max(1))
             .map(|_| Mutex::new(Tile::default()))
             .collect();
@@ -557,12 +630,10 @@ impl AttentionOps for SimdCompute {
         let out = Out(x.as_mut_ptr());
         self.split(n, 1, PAR_ROWS, &|r| {
             for i in r {
-                // SAFETY: token i's row is written by this call only.
-                rope.apply(
-                    unsafe { out.slice(i * width, width) },
-                    head_dim,
-                    tokens[i].pos,
-                );
+                // SAFETY: token i's row, `i·width..(i + 1)·width` with `i < n` and
+                // `n·width <= x.len()`, is inside `x` and written by this task only.
+                let row = unsafe { out.slice(i * width, width) };
+                rope.apply(row, head_dim, tokens[i].pos);
             }
         });
     }
@@ -579,6 +650,14 @@ impl AttentionOps for SimdCompute {
         if n == 0 {
             return;
         }
+        // The units write `out` through a raw pointer: its length is checked here, once.
+        let qd = attn.q_dim();
+        assert!(
+            q.len() >= n * qd && out.len() >= n * qd,
+            "attend: {n} tokens of {qd} values need that many queries and outputs, got {} and {}",
+            q.len(),
+            out.len()
+        );
         let first = kv.first();
         let job = AttendJob {
             attn,
@@ -636,6 +715,8 @@ impl AttentionOps for SimdCompute {
         };
         if splits == 1 {
             let dst = Dest::Out(Out(out.as_mut_ptr()));
+            // Each unit writes rows `rows` and heads `kvh·group..(kvh+1)·group` of `out`, which
+            // holds `n` rows (checked above), and no two units share a row and head.
             self.pool.run(units, &|u| unit(u, dst));
             return;
         }
@@ -645,8 +726,11 @@ impl AttentionOps for SimdCompute {
         parts.resize(splits * stride, 0.0); // within the capacity reserved above
         let base = Out(parts.as_mut_ptr());
         self.pool.run(units * splits, &|u| {
-            // SAFETY: split s's partials start at s * stride, inside `parts`.
+            // SAFETY: split s's partials start at s · stride, inside `parts` (which holds
+            // `splits · stride` values).
             let part = Out(unsafe { base.ptr().add((u % splits) * stride) });
+            // Each unit writes its rows and heads of its split's part, `n` rows of `n_head`
+            // heads of `2 + head_dim` values; no two units share a split, row and head.
             unit(u, Dest::Partial(part))
         });
         for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
@@ -670,12 +754,14 @@ impl AttentionOps for SimdCompute {
 impl Compute for SimdCompute {
     fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         let d = weight.len();
+        // As many rows as both sides hold, as the reference's `zip` does.
+        let rows = x.len().min(out.len()) / d;
         let dst = Out(out.as_mut_ptr());
-        self.split(x.len() / d, 4, PAR_ROWS, &|r| {
-            let (x, o) = (&x[r.start * d..r.end * d], unsafe {
-                // SAFETY: rows r of `out` are written by this call only.
-                dst.slice(r.start * d, r.len() * d)
-            });
+        self.split(rows, 4, PAR_ROWS, &|r| {
+            let x = &x[r.start * d..r.end * d];
+            // SAFETY: rows `r` of `out`, inside its `rows · d` values, are written by this
+            // task only.
+            let o = unsafe { dst.slice(r.start * d, r.len() * d) };
             for_isa!(self.isa, rms_norm_rows::<S>(x, weight, eps, o))
         });
     }
@@ -683,7 +769,8 @@ impl Compute for SimdCompute {
     fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
         let g = Out(gate.as_mut_ptr());
         self.split(gate.len(), 4096, PAR_ELEMS, &|r| {
-            // SAFETY: elements r of `gate` are written by this call only.
+            // SAFETY: `r` lies inside `0..gate.len()`, and its elements are written by this
+            // task only.
             let g = unsafe { g.slice(r.start, r.len()) };
             for_isa!(self.isa, silu_mul::<S>(g, &up[r]))
         });
@@ -692,10 +779,73 @@ impl Compute for SimdCompute {
     fn add(&self, x: &mut [f32], y: &[f32]) {
         let px = Out(x.as_mut_ptr());
         self.split(x.len(), 4096, PAR_ELEMS, &|r| {
-            // SAFETY: elements r of `x` are written by this call only.
+            // SAFETY: `r` lies inside `0..x.len()`, and its elements are written by this task
+            // only.
             let x = unsafe { px.slice(r.start, r.len()) };
             for_isa!(self.isa, add::<S>(x, &y[r]))
         });
     }
 }
 // ANCHOR_END: simd_compute
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ch04::ch03::{RopeStyle, TokenPos};
+    use crate::pool::SpinPool;
+
+    /// A KV store that breaks `KvView`'s promise: its runs of keys and values are empty.
+    struct EmptyRuns;
+
+    impl KvView for EmptyRuns {
+        fn key(&self, _pos: usize) -> &[f32] {
+            &[]
+        }
+        fn value(&self, _pos: usize) -> &[f32] {
+            &[]
+        }
+    }
+
+    fn attention() -> Attention {
+        Attention {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 64,
+            rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 64),
+            window: None,
+        }
+    }
+
+    /// The fastest kernels this CPU has: the ones that read whole rows through pointers.
+    fn compute() -> SimdCompute {
+        SimdCompute::new(&KernelSet::best(), Arc::new(SpinPool::new(1)))
+    }
+
+    #[test]
+    #[should_panic(expected = "less than one row")]
+    fn a_store_returning_no_rows_is_refused_before_any_kernel_reads() {
+        let a = attention();
+        let tokens = TokenPos::run(0, 0, 3);
+        let q = vec![1.0; 3 * a.q_dim()];
+        let mut out = vec![0.0; 3 * a.q_dim()];
+        compute().attend(&a, &q, &tokens, &EmptyRuns, &mut out);
+    }
+
+    #[test]
+    #[should_panic(expected = "need that many queries and outputs")]
+    fn a_short_output_is_refused() {
+        let a = attention();
+        let tokens = TokenPos::run(0, 0, 3);
+        let q = vec![1.0; 3 * a.q_dim()];
+        let mut out = vec![0.0; 2 * a.q_dim()];
+        compute().attend(&a, &q, &tokens, &EmptyRuns, &mut out);
+    }
+
+    #[test]
+    fn rms_norm_writes_only_the_rows_both_sides_hold() {
+        let (x, w) = (vec![2.0; 3 * 8], vec![1.0; 8]);
+        let mut out = vec![0.0; 2 * 8];
+        compute().rms_norm(&x, &w, 0.0, &mut out);
+        assert!(out.iter().all(|&v| (v - 1.0).abs() < 1e-6), "{out:?}");
+    }
+}

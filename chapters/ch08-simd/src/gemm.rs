@@ -132,6 +132,7 @@ impl PackedType {
     }
 
     /// What the stored (unsigned) code exceeds the signed code by: `Σ(q - o)·y = Σq·y - o·Σy`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels
     fn offset(self) -> i32 {
         match self {
             PackedType::Q4_0 => 8,
@@ -161,7 +162,7 @@ impl PackedType {
 }
 
 /// Where the parts of a unit are, in bytes from its start.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Layout {
     qh: usize,    // legacy: 2 × 64 bytes of fifth-bit masks
     d: usize,     // the rows' f16 scales (legacy: of both blocks)
@@ -348,10 +349,29 @@ impl PackedMatrix {
         }
     }
 
+    /// Where group `g` starts (bounds-checked: a pointer into `data`, or panic).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels
     fn group_ptr(&self, g: usize) -> *const u8 {
-        debug_assert!(g < self.groups);
-        // SAFETY: in bounds, g < groups.
-        unsafe { (self.data.as_ptr() as *const u8).add(g * self.group_bytes) }
+        lines(&self.data)[g * self.group_bytes..].as_ptr()
+    }
+
+    /// Panics unless the public fields still describe `data`. The kernels read `data` through
+    /// raw pointers at offsets computed from them, so a field changed after packing must not
+    /// reach them.
+    fn check_layout(&self) {
+        let ty = self.ty;
+        assert!(
+            self.layout == Layout::of(ty)
+                && self.groups == self.rows.div_ceil(GROUP)
+                && self.group_bytes == self.nb.div_ceil(ty.unit_blocks()) * self.layout.bytes
+                && self.data.len() * 64 == self.groups * self.group_bytes,
+            "packed matrix: {ty:?}, {} rows, {} blocks per row and {} groups do not match the \
+             {} bytes packed",
+            self.rows,
+            self.nb,
+            self.groups,
+            self.data.len() * 64
+        );
     }
 }
 
@@ -476,12 +496,13 @@ fn unpack_q6_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
 }
 
 fn lines_mut(lines: &mut [Line]) -> &mut [u8] {
-    // SAFETY: `Line` is 64 plain bytes with no padding.
+    // SAFETY: `Line` is 64 plain bytes with no padding, so the `64 · len` bytes from its start
+    // are the lines' own memory, initialised, aligned for u8, and borrowed as long as `lines`.
     unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) }
 }
 
 fn lines(lines: &[Line]) -> &[u8] {
-    // SAFETY: as above.
+    // SAFETY: as in `lines_mut`.
     unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
 }
 
@@ -535,19 +556,35 @@ impl ActPanels {
         self.sums.resize(n * nb * Self::n_sums(qk), 0);
     }
 
-    /// The pointers of the tile that starts at token `t0`.
+    /// The pointers of the tile that starts at token `t0` (bounds-checked).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // used by the x86 kernels
     fn tile(&self, t0: usize) -> Tile {
+        assert!(t0 < self.n, "tile at token {t0} of {}", self.n);
         let o = t0 * self.nb;
-        // SAFETY: t0 < n, so the offsets are in bounds.
-        unsafe {
-            Tile {
-                qs: self.qs.as_ptr().add(o * self.qk),
-                d: self.d.as_ptr().add(o),
-                s: self.s.as_ptr().add(o),
-                sums: self.sums.as_ptr().add(o * Self::n_sums(self.qk)),
-                stride: (self.n - t0).min(TILE),
-            }
+        Tile {
+            qs: self.qs[o * self.qk..].as_ptr(),
+            d: self.d[o..].as_ptr(),
+            s: self.s[o..].as_ptr(),
+            sums: self.sums[o * Self::n_sums(self.qk)..].as_ptr(),
+            stride: (self.n - t0).min(TILE),
         }
+    }
+
+    /// Panics unless the buffers hold `n` tokens of `nb` blocks of `qk`, as the public `n` and
+    /// `nb` say: the kernels read them through raw pointers at offsets computed from those.
+    fn check_sizes(&self) {
+        let blocks = self.n * self.nb;
+        assert!(
+            self.qs.len() >= blocks * self.qk
+                && self.d.len() >= blocks
+                && self.s.len() >= blocks
+                && self.sums.len() >= blocks * Self::n_sums(self.qk),
+            "activation panels: {} tokens of {} blocks of {} do not fit the {} codes held",
+            self.n,
+            self.nb,
+            self.qk,
+            self.qs.len()
+        );
     }
 }
 
@@ -559,6 +596,7 @@ impl Default for ActPanels {
 
 /// A tile of activations: `stride` tokens, block-major (see [`ActPanels`]).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86 kernels
 struct Tile {
     qs: *const u8,
     d: *const f32,
@@ -579,8 +617,12 @@ pub struct PanelWriter {
     qk: usize,
 }
 
-// SAFETY: threads write disjoint tokens (see `quantize_token`).
+// SAFETY: a `PanelWriter` is only pointers and sizes; it writes nothing except through the
+// unsafe `quantize_token`, whose callers give each token to one thread and keep the panels
+// alive and unresized meanwhile.
 unsafe impl Send for PanelWriter {}
+// SAFETY: as for `Send`: shared between threads, it writes only the disjoint tokens each
+// thread is given.
 unsafe impl Sync for PanelWriter {}
 
 impl ActPanels {
@@ -621,8 +663,16 @@ impl PanelWriter {
     ///
     /// # Safety
     /// No other thread may write token `t` at the same time, and the panels must outlive the
-    /// call and not be resized meanwhile.
+    /// call and not be resized meanwhile. (That `t` is one of the panels' tokens, and that
+    /// `k`'s activation blocks are the panels' size, is checked.)
     pub unsafe fn quantize_token(&self, k: &TypeKernels, x: &[f32], t: usize, row: &mut Vec<u8>) {
+        assert!(
+            t < self.n && block_size(k.act_ty) == self.qk,
+            "quantize_token: token {t} of {}, {} blocks into panels of {}-value blocks",
+            self.n,
+            k.act_ty.name(),
+            self.qk
+        );
         // Byte layouts of BlockQ8_0 (d, qs), BlockQ8_1 (d, s, qs) and BlockQ8_K (d: f32, qs,
         // bsums: i16).
         let (bs, qs_at) = match k.act_ty {
@@ -640,7 +690,10 @@ impl PanelWriter {
             let at = tile * TILE * self.nb + b * nt + i;
             let qs = &blk[qs_at..qs_at + self.qk];
             let f16 = |o: usize| half::f16::from_bits(u16::from_le_bytes([blk[o], blk[o + 1]]));
-            // SAFETY: `at` < n * nb; token t's slots are written by this thread only.
+            // SAFETY: `t < n` and `b < nb` (checked above) put `at` below `n · nb`, and the
+            // panels hold `n · nb` blocks of `qk` codes, one `d`, one `s` and `n_sums` sums
+            // (`ActPanels::resize`, which the caller promises did not run since); slot `at`
+            // belongs to token t, which only this thread writes.
             unsafe {
                 std::ptr::copy_nonoverlapping(qs.as_ptr(), self.qs.add(at * self.qk), self.qk);
                 let sums = self.sums.add(at * n_sums);
@@ -668,8 +721,10 @@ impl PanelWriter {
 /// Where a tile's results go: `out[t * ld + row]`.
 #[derive(Clone, Copy)]
 pub struct OutPtr(pub *mut f32);
-// SAFETY: threads write disjoint rows.
+// SAFETY: an `OutPtr` is only a pointer; it is written through only by the unsafe
+// `gemm_groups`, whose callers give each thread its own rows of a buffer that outlives them.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: each thread sharing it writes only its own rows.
 unsafe impl Sync for OutPtr {}
 
 impl PackedMatrix {
@@ -677,7 +732,8 @@ impl PackedMatrix {
     /// `out` is `(acts.n, rows)`.
     ///
     /// # Safety
-    /// `out` must point to `acts.n * rows` floats, and no other thread may write these rows.
+    /// `out` must point to `acts.n * rows` floats, and no other thread may access the rows of
+    /// `groups` meanwhile. (That `acts` and `self` are consistent is checked.)
     pub unsafe fn gemm_groups(
         &self,
         acts: &ActPanels,
@@ -693,13 +749,19 @@ impl PackedMatrix {
             self.ty.qk()
         );
         assert!(groups.end <= self.groups);
+        self.check_layout();
+        acts.check_sizes();
         #[cfg(target_arch = "x86_64")]
         for g in groups {
             let valid = (self.rows - g * GROUP).min(GROUP);
             for t0 in (0..acts.n).step_by(TILE) {
                 let tile = acts.tile(t0);
-                // SAFETY: packed matrices exist only where the kernels can run (`pack`), and
-                // the caller guarantees `out`.
+                // SAFETY: packed matrices exist only where the CPU has AVX-512 F, BW and VNNI
+                // (`pack` checks). Group g < groups and the tile of tokens `t0..t0 + stride`
+                // are inside `data` and `acts` (checked above). `dst` is token t0's row at
+                // column `16g`; the kernel writes `stride` tokens' `valid` columns from it,
+                // inside the `acts.n · rows` floats the caller promised, in rows of `groups`
+                // that only this thread writes.
                 unsafe {
                     let dst = out.0.add(t0 * self.rows + g * GROUP);
                     avx512::tile(self, g, &tile, dst, valid);
@@ -722,7 +784,9 @@ mod avx512 {
     /// One tile: `a.stride` tokens × the 16 rows of group `g`.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW and VNNI; `dst` points to `a.stride` rows of `m.rows` floats.
+    /// The CPU has AVX-512 F/BW and VNNI; `m`'s layout is consistent and `g < m.groups`; `a` is
+    /// a tile of panels with `m.nb` blocks per token; `dst` points to `a.stride` rows of
+    /// `m.rows` floats, of which the first `valid <= 16` from `dst` are written.
     pub(super) unsafe fn tile(m: &PackedMatrix, g: usize, a: &Tile, dst: *mut f32, valid: usize) {
         macro_rules! by_n {
             ($kernel:ident, $ty:expr, $t0:expr, $n:expr) => {
@@ -739,7 +803,8 @@ mod avx512 {
             };
         }
         let n = a.stride;
-        // SAFETY: forwarded from the caller.
+        // SAFETY: forwarded from the caller, who also promised the CPU the features these
+        // kernels enable; every kernel gets `t0 + N <= stride`.
         unsafe {
             match m.ty {
                 PackedType::Q4_0 => by_n!(legacy, 0, 0, n),
@@ -774,6 +839,9 @@ mod avx512 {
     }
 
     /// Four activation bytes at `p`, in every lane.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; `p` is valid for reading 4 bytes.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn bcast(p: *const u8) -> __m512i {
@@ -782,6 +850,9 @@ mod avx512 {
     }
 
     /// Store the 16 rows (the first `valid` of them) of token `t`'s results.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; `dst + t·ld` is valid for writing `valid` floats.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn store(dst: *mut f32, ld: usize, t: usize, valid: usize, acc: __m512) {
@@ -790,7 +861,8 @@ mod avx512 {
         } else {
             (1u16 << valid) - 1
         };
-        // SAFETY: row `t` of the output has room for this group's `valid` rows.
+        // SAFETY: the masked store writes only the first `valid` lanes, which the caller
+        // promised are writable at `dst + t·ld`; lanes masked off are not touched (no fault).
         unsafe { _mm512_mask_storeu_ps(dst.add(t * ld), mask, acc) };
     }
 
@@ -798,6 +870,9 @@ mod avx512 {
     /// The micro-kernel for 32-weight blocks: 16 rows × `N` tokens, every block of the row.
     /// `T` is the packed type (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0), a constant so that
     /// each type gets its own code.
+    ///
+    /// # Safety
+    /// As for [`tile`], with `t0 + N <= a.stride` and `T` the type of `m`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn legacy<const T: u8, const N: usize>(
         m: &PackedMatrix,
@@ -813,8 +888,11 @@ mod avx512 {
         let bit4 = _mm512_set1_epi8(0x10);
         let mut acc = [_mm512_setzero_ps(); N]; // (N, 16 rows): sumf of each row and token
         for b in 0..m.nb {
-            // SAFETY (whole loop): offsets stay inside the group and the tile (`b < nb`,
-            // `t0 + t < stride`), laid out as `PackedMatrix` and `ActPanels` describe.
+            // SAFETY: offsets stay inside the group and the tile (`b < nb`, `t0 + t < stride`),
+            // laid out as `PackedMatrix` and `ActPanels` describe (the caller's contract). The
+            // aligned loads are aligned: units and their parts are whole 64-byte lines of
+            // `data` (`Line` is aligned to 64), and `d`/`m` of block h sit 32·h bytes in. The
+            // instructions are those this function enables, which the caller promised.
             unsafe {
                 let (unit, h) = (grp.add(b / 2 * l.bytes), b % 2);
                 let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK + k);
@@ -890,7 +968,8 @@ mod avx512 {
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: token t0 + t < stride has `valid` writable floats at `dst + (t0 + t)·rows`
+            // (the caller's contract).
             unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
         }
     }
@@ -898,6 +977,9 @@ mod avx512 {
 
     /// Q4_K: per super-block and row, `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy`, the two
     /// sums over the 8 sub-blocks exact in 32-bit integers.
+    ///
+    /// # Safety
+    /// As for [`tile`], with `t0 + N <= a.stride` and `m` a Q4_K matrix.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn q4_k<const N: usize>(
         m: &PackedMatrix,
@@ -911,7 +993,9 @@ mod avx512 {
         let low4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..m.nb {
-            // SAFETY: as in `legacy`.
+            // SAFETY: as in `legacy`: offsets inside the group's unit and the tile, and each
+            // aligned load at an address aligned for it (code lines at multiples of 64 into
+            // the unit, `sc` and `mn` rows at multiples of 16, `d` and `dmin` of 32).
             unsafe {
                 let unit = grp.add(b * l.bytes);
                 let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
@@ -954,13 +1038,17 @@ mod avx512 {
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: token t0 + t < stride has `valid` writable floats at `dst + (t0 + t)·rows`
+            // (the caller's contract).
             unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
         }
     }
 
     /// Q6_K: per super-block and row, `d·dy·Σ_s sc_s·Σ (q − 32)·y` over 16 sub-blocks of 16,
     /// the sum exact in 32-bit integers.
+    ///
+    /// # Safety
+    /// As for [`tile`], with `t0 + N <= a.stride` and `m` a Q6_K matrix.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn q6_k<const N: usize>(
         m: &PackedMatrix,
@@ -973,7 +1061,9 @@ mod avx512 {
         let (l, grp, nt) = (&m.layout, m.group_ptr(g), a.stride);
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..m.nb {
-            // SAFETY: as in `legacy`.
+            // SAFETY: as in `legacy`: offsets inside the group's unit and the tile, and each
+            // aligned load at an address aligned for it (code lines at multiples of 64 into
+            // the unit, `sc` and `mn` rows at multiples of 16, `d` and `dmin` of 32).
             unsafe {
                 let unit = grp.add(b * l.bytes);
                 let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
@@ -1003,7 +1093,8 @@ mod avx512 {
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: token t0 + t < stride has `valid` writable floats at `dst + (t0 + t)·rows`
+            // (the caller's contract).
             unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
         }
     }
@@ -1024,4 +1115,53 @@ pub fn pack_checked<S: AsRef<[u8]>>(
         )));
     }
     Ok(PackedMatrix::pack(q))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checks that guard the kernels' raw pointers pass for every matrix and panel the
+    /// code itself makes (on any CPU: nothing here runs a kernel).
+    #[test]
+    fn packed_matrices_and_panels_pass_their_own_checks() {
+        for ty in PackedType::ALL {
+            let nb = 3;
+            let cols = nb * ty.qk();
+            for rows in [1, 15, 16, 17, 40] {
+                let bytes = vec![0u8; rows * nb * ty.block_bytes()];
+                let m = PackedMatrix::pack_as(ty, rows, cols, &bytes);
+                m.check_layout();
+                for g in 0..m.groups {
+                    let _ = m.group_ptr(g);
+                }
+            }
+            let mut acts = ActPanels::new();
+            for n in [1, 7, 8, 9, 20, 3] {
+                acts.resize(n, cols, ty.qk());
+                acts.check_sizes();
+                for t0 in (0..n).step_by(TILE) {
+                    assert_eq!(acts.tile(t0).stride, (n - t0).min(TILE));
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "do not match")]
+    fn a_shape_changed_after_packing_is_refused() {
+        let ty = PackedType::Q4_0;
+        let mut m = PackedMatrix::pack_as(ty, 16, 64, &vec![0u8; 16 * 2 * ty.block_bytes()]);
+        m.rows = 32;
+        m.check_layout();
+    }
+
+    #[test]
+    #[should_panic(expected = "do not fit")]
+    fn panels_claiming_more_tokens_than_they_hold_are_refused() {
+        let mut acts = ActPanels::new();
+        acts.resize(4, 64, QK);
+        acts.n = 5;
+        acts.check_sizes();
+    }
 }

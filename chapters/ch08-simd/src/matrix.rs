@@ -56,9 +56,12 @@ pub struct FastMatrix<S = Vec<u8>> {
 /// Where threads write their own, disjoint parts of a buffer.
 #[derive(Clone, Copy)]
 struct SharedMut<T>(*mut T);
-// SAFETY: used only for writes to disjoint indices from different threads.
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
+// SAFETY: a `SharedMut` is only a pointer, used for writes to disjoint indices of a buffer
+// that outlives the pool job; each write is an unsafe block that says why its index is its own.
+// Values of a `Send` type may be written from another thread.
+unsafe impl<T: Send> Send for SharedMut<T> {}
+// SAFETY: as for `Send`: the threads sharing it write disjoint indices.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
     /// The pointer. (A method, so that a closure captures the whole `Sync` wrapper rather
@@ -138,7 +141,7 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
                     ROW.with_borrow_mut(|row| {
                         for t in i * QUANT_CHUNK..((i + 1) * QUANT_CHUNK).min(n) {
                             // SAFETY: each token is quantized by one task; the panels are
-                            // borrowed for the whole call.
+                            // borrowed, not resized, for the whole call.
                             unsafe { w.quantize_token(k, &x[t * cols..(t + 1) * cols], t, row) };
                         }
                     })
@@ -150,7 +153,8 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
             let acts = &*acts;
             self.pool.run(tasks, &|i| {
                 let groups = Self::task_range(p.groups, tasks, i);
-                // SAFETY: `out` holds (n, rows) floats; tasks write disjoint row groups.
+                // SAFETY: `out` holds (n, rows) floats (checked in `matmul`, and `p.rows` is
+                // `self.rows`); tasks take disjoint ranges of row groups.
                 unsafe { p.gemm_groups(acts, groups, dst) };
             });
         });
@@ -172,7 +176,8 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
                 let cols = self.cols;
                 self.pool.run(n.div_ceil(QUANT_CHUNK), &|i| {
                     for t in i * QUANT_CHUNK..((i + 1) * QUANT_CHUNK).min(n) {
-                        // SAFETY: token t's bytes are written by this task only.
+                        // SAFETY: token t < n's `arb` bytes at `t · arb` are inside `acts`
+                        // (`n · arb` bytes) and written by this task only.
                         let qr =
                             unsafe { std::slice::from_raw_parts_mut(a.ptr().add(t * arb), arb) };
                         (k.quantize_act)(&x[t * cols..(t + 1) * cols], qr);
@@ -193,7 +198,9 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
                         let w = q.row(row);
                         for t in t0..t1 {
                             let y = (k.vec_dot)(cols, w, &acts[t * arb..(t + 1) * arb]);
-                            // SAFETY: (t, row) is inside `out`, and only this task writes row.
+                            // SAFETY: `t < n` and `row < rows`, and `out` holds `n · rows`
+                            // floats (checked in `matmul`, and `q.rows` is `self.rows`); only
+                            // this task writes `row`.
                             unsafe { *dst.ptr().add(t * rows + row) = y };
                         }
                     }
@@ -228,6 +235,19 @@ impl<S: AsRef<[u8]> + Send + Sync> Matrix for FastMatrix<S> {
         if n == 0 {
             return;
         }
+        // The products write `out` through raw pointers sized by the store's own shape: the
+        // public fields checked above must still be that shape.
+        let shape = match &self.store {
+            Store::Packed(p) => (p.rows, p.cols),
+            Store::Rows(q) => (q.rows, q.cols),
+        };
+        assert_eq!(
+            shape,
+            (self.rows, self.cols),
+            "matmul: the matrix's rows are stored as {shape:?}, not ({}, {})",
+            self.rows,
+            self.cols
+        );
         match &self.store {
             Store::Packed(p) => self.matmul_packed(p, x, out),
             Store::Rows(q) => self.matmul_rows(q, x, out),

@@ -100,19 +100,26 @@ struct Shared {
     shutdown: AtomicBool,
 }
 
-// SAFETY: `job` is only written while no worker reads it (see its comment); everything else is
-// atomic or a lock.
+// SAFETY: `job` is written only by the thread in `run`, while the job is closed and no worker
+// is `active`, and read by workers only while they are counted in `active` and saw the job
+// open; the SeqCst state and `active` accesses order the two (see `worker` and `run`).
+// `job.task` points to a `Sync` closure, so calling it from several threads is allowed.
+// Everything else is atomic or a lock.
 unsafe impl Sync for Shared {}
+// SAFETY: as for `Sync`: the raw pointer in `job` is the only field that is not `Send`, and it
+// is used only under the protocol above.
 unsafe impl Send for Shared {}
 
 impl Shared {
     /// Take tasks from the counter until none are left.
     ///
     /// # Safety
-    /// A job must be published and stay valid for the whole call.
+    /// A job must be published and stay valid for the whole call: `job` is not written, and
+    /// the closure it points to is alive, until this returns.
     unsafe fn work(&self) {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: the caller promises a published job: no one writes `job` during this call.
         let job = unsafe { &*self.job.get() };
+        // SAFETY: the caller promises the closure `task` points to outlives this call.
         let task = unsafe { &*job.task };
         let mut finished = 0;
         loop {
@@ -226,7 +233,8 @@ fn worker(s: &Shared) {
         s.active.fetch_add(1, Ordering::SeqCst);
         // Entered: if the job is still open, the caller waits for us before it returns.
         if s.state.load(Ordering::SeqCst) == st {
-            // SAFETY: the job is open and we are counted in `active`.
+            // SAFETY: the job is open and we are counted in `active`, so `run` neither rewrites
+            // `job` nor returns (ending `task`'s life) until we leave.
             unsafe { s.work() };
         }
         s.active.fetch_sub(1, Ordering::Release);
@@ -244,9 +252,11 @@ impl Parallel for SpinPool {
             _ => return (0..n_tasks).for_each(task),
         };
         let s = &*self.shared;
-        // SAFETY: the previous job is closed and no worker is active, so none reads `job`.
-        // The pointer's lifetime is erased: it is used only while the job is open or a worker
-        // is active, and this function waits for both to end before `task` goes out of scope.
+        // SAFETY: the previous job is closed and no worker is active (the previous `run` waited
+        // for both, and `busy` keeps a second `run` out), so none reads `job`. The pointer's
+        // lifetime is erased: it is used only while the job is open or a worker is active, and
+        // this function waits for both to end before `task` goes out of scope (a panicking task
+        // is caught in `work`, so nothing unwinds past that wait).
         unsafe {
             let task: *const (dyn Fn(usize) + Sync + '_) = task;
             *s.job.get() = Job {
@@ -265,7 +275,8 @@ impl Parallel for SpinPool {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        // SAFETY: the job is published and `task` outlives this call.
+        // SAFETY: the job is published, and `job` is not written again before this function
+        // returns; `task` outlives this call.
         unsafe { s.work() };
         // The join: wait for tasks other threads took, then close the job and wait for the
         // workers still inside it (they find no task left and leave at once).

@@ -11,7 +11,9 @@
 //! - [`mapped`]: [`SharedBytes`] (a range of a shared buffer that keeps it alive; a
 //!   [`MappedBytes`] when the buffer is a memory map), [`map_gguf`] with its page-cache hints
 //!   ([`MapOptions`]: `madvise`, populate, `mlock`), [`read_gguf`] for the `--no-mmap` path,
-//!   and the safety contract of mapping a file;
+//!   and the safety contract of mapping a file: [`MappedFile`] remembers the file's size and
+//!   modification time ([`MappedFile::check_unchanged`] → [`FileChanged`]), and on Linux a
+//!   read past the end of a file truncated while mapped ends the process with a message;
 //! - [`loader`]: [`ViewLoader`] (a [`MappedLoader`] over a map), the `MatrixLoader` that makes
 //!   chapter 8's fast matrices over views of the file, copying only a tensor whose bytes are
 //!   not aligned for its blocks;
@@ -35,8 +37,8 @@ pub mod mapped;
 pub use engine::{Engine, EngineArgs, LoadMode, MemoryStats, Scheduled, memory_stats};
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{
-    AlignedBuf, MapOptions, MappedBytes, OpenError, PageAdvice, ReadBytes, SharedBytes, map_gguf,
-    read_gguf,
+    AlignedBuf, FileChanged, MapOptions, MappedBytes, MappedFile, OpenError, PageAdvice, ReadBytes,
+    SharedBytes, map_gguf, read_gguf,
 };
 
 /// Everything earlier chapters offer, so `ch10` reads as "the engine as of chapter 10".

@@ -19,12 +19,11 @@
 //! loader ever makes), and [`ViewLoader::copied`] lists it. `examples/alignment.rs` measures
 //! both ways.
 
-use crate::mapped::{AlignedBuf, SharedBytes};
+use crate::mapped::{AlignedBuf, MappedFile, SharedBytes};
 use ch08::FastLoader;
 use ch08::ch01::{GgmlType, Gguf, TensorInfo};
 use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
 use ch08::quants::*;
-use memmap2::Mmap;
 use std::cell::RefCell;
 use std::mem::align_of;
 
@@ -78,7 +77,7 @@ pub struct ViewLoader<O> {
 }
 
 /// The loader of a memory-mapped file.
-pub type MappedLoader = ViewLoader<Mmap>;
+pub type MappedLoader = ViewLoader<MappedFile>;
 
 impl<O: AsRef<[u8]> + Send + Sync + 'static> ViewLoader<O> {
     /// A loader for the file whose whole image is `file`, making matrices as `fast` does.

@@ -27,6 +27,8 @@ impl Elem for F32 {
     #[inline(always)]
     unsafe fn load4(b: &[u8]) -> float32x4_t {
         debug_assert!(b.len() >= 16);
+        // SAFETY: the caller gives at least 16 bytes in `b` (this method's contract), and
+        // `vld1q_u8` reads bytes, with no alignment needed; NEON is enabled by the caller.
         unsafe { vreinterpretq_f32_u8(vld1q_u8(b.as_ptr())) }
     }
     #[inline(always)]
@@ -41,10 +43,13 @@ impl Elem for F16 {
     #[inline(always)]
     unsafe fn load4(b: &[u8]) -> float32x4_t {
         debug_assert!(b.len() >= 8);
+        // SAFETY: the caller gives at least 8 bytes in `b` (this method's contract), and `vld1_u8`
+        // reads bytes, with no alignment needed; NEON is enabled by the caller.
         unsafe { fp16x4(vreinterpret_u16_u8(vld1_u8(b.as_ptr()))) }
     }
     #[inline(always)]
     unsafe fn one(b: &[u8]) -> f32 {
+        // SAFETY: `fp16` needs NEON, which the caller enables.
         unsafe { fp16(half::f16::from_le_bytes([b[0], b[1]])) }
     }
 }
@@ -55,6 +60,8 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load4(b: &[u8]) -> float32x4_t {
         debug_assert!(b.len() >= 8);
+        // SAFETY: the caller gives at least 8 bytes in `b` (this method's contract), and `vld1_u8`
+        // reads bytes, with no alignment needed; NEON is enabled by the caller.
         unsafe {
             let h = vreinterpret_u16_u8(vld1_u8(b.as_ptr()));
             vreinterpretq_f32_u32(vshll_n_u16::<16>(h))
@@ -76,6 +83,8 @@ unsafe fn dot_rows<E: Elem>(n: usize, x: &[u8], y: &[u8]) -> f32 {
         x.len(),
         y.len()
     );
+    // SAFETY: every `load4` gets the rest of a `16 · w`-byte chunk from offset `4 · w · k`, `k <
+    // 4`: at least the `4 · w` bytes it reads. NEON is enabled by the caller.
     unsafe {
         let mut acc = [vdupq_n_f32(0.0); 4];
         let (xs, ys) = (x.chunks_exact(16 * w), y.chunks_exact(16 * w));
@@ -99,17 +108,20 @@ unsafe fn dot_rows<E: Elem>(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// F32 · F32.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: forwarded: the caller enables NEON; `dot_rows` checks the lengths.
     unsafe { dot_rows::<F32>(n, x, y) }
 }
 
 /// F16 · F16.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: forwarded: the caller enables NEON; `dot_rows` checks the lengths.
     unsafe { dot_rows::<F16>(n, x, y) }
 }
 
 /// BF16 · BF16.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: forwarded: the caller enables NEON; `dot_rows` checks the lengths.
     unsafe { dot_rows::<Bf16>(n, x, y) }
 }

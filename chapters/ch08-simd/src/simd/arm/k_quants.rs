@@ -13,12 +13,14 @@ use crate::ch06::quants::blocks::*;
 /// `Σ codes · y` over 16 weights.
 #[inline(always)]
 unsafe fn sum16<D: Dot>(codes: int8x16_t, y: int8x16_t) -> i32 {
+    // SAFETY: NEON on registers and `D::dot`, which the caller enables.
     unsafe { vaddvq_s32(D::dot(vdupq_n_s32(0), codes, y)) }
 }
 
 /// `Σ codes · y` over 32 weights.
 #[inline(always)]
 unsafe fn sum32<D: Dot>(c: (int8x16_t, int8x16_t), y: (int8x16_t, int8x16_t)) -> i32 {
+    // SAFETY: NEON on registers and `D::dot`, which the caller enables.
     unsafe { vaddvq_s32(D::dot(D::dot(vdupq_n_s32(0), c.0, y.0), c.1, y.1)) }
 }
 
@@ -26,6 +28,7 @@ unsafe fn sum32<D: Dot>(c: (int8x16_t, int8x16_t), y: (int8x16_t, int8x16_t)) ->
 #[inline(always)]
 unsafe fn load32_at<T: Copy>(s: &[T], i: usize) -> (uint8x16_t, uint8x16_t) {
     let half = 16 / size_of::<T>();
+    // SAFETY: `load16_at` bounds-checks both 16-byte halves; NEON is enabled by the caller.
     unsafe {
         (
             vreinterpretq_u8_s8(load16_at(s, i)),
@@ -37,6 +40,8 @@ unsafe fn load32_at<T: Copy>(s: &[T], i: usize) -> (uint8x16_t, uint8x16_t) {
 /// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` for Q4_K/Q5_K.
 #[inline(always)]
 unsafe fn mins_dot_bsums(mins: u64, bsums: &[i16; 16]) -> i32 {
+    // SAFETY: the two loads read `bsums[0..8]` and `bsums[8..16]`, bounds-checked; the rest is NEON
+    // on registers, which the caller enables.
     unsafe {
         let b = vreinterpretq_s16_s8(load16_at(bsums, 0));
         let b2 = vreinterpretq_s16_s8(load16_at(bsums, 8));
@@ -50,6 +55,8 @@ unsafe fn mins_dot_bsums(mins: u64, bsums: &[i16; 16]) -> i32 {
 /// `ggml_vec_dot_q2_K_q8_K` with NEON.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q2_K_q8_K<D: Dot>(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: every load is a bounds-checked part of a field of the zipped blocks (`load16_at`,
+    // `load32_at`); the instructions are NEON and `D`'s, which the caller enables.
     unsafe {
         let mut sumf = 0.0f32;
         for (x, y) in x.iter().zip(y) {
@@ -99,6 +106,8 @@ pub(super) unsafe fn vec_dot_q2_K_q8_K<D: Dot>(x: &[BlockQ2_K], y: &[BlockQ8_K])
 /// `ggml_vec_dot_q3_K_q8_K` with NEON: codes `low - 4` where the high bit is clear.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q3_K_q8_K<D: Dot>(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`; besides, `vld1q_u32` reads the four words of a
+    // temporary array and `vst1q_s8` writes the 16 bytes of the local `scales`.
     unsafe {
         let mut sumf = 0.0f32;
         for (x, y) in x.iter().zip(y) {
@@ -150,6 +159,8 @@ pub(super) unsafe fn vec_dot_q3_K_q8_K<D: Dot>(x: &[BlockQ3_K], y: &[BlockQ8_K])
 /// `ggml_vec_dot_q4_K_q8_K` with NEON.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_K_q8_K<D: Dot>(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: bounds-checked loads of the blocks' fields, and the
+    // caller's instruction sets.
     unsafe {
         let mut sumf = 0.0f32;
         for (x, y) in x.iter().zip(y) {
@@ -182,6 +193,8 @@ pub(super) unsafe fn vec_dot_q4_K_q8_K<D: Dot>(x: &[BlockQ4_K], y: &[BlockQ8_K])
 /// of `qh` as bit 4.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_K_q8_K<D: Dot>(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: bounds-checked loads of the blocks' fields, and the
+    // caller's instruction sets.
     unsafe {
         let mut sumf = 0.0f32;
         for (x, y) in x.iter().zip(y) {
@@ -217,6 +230,8 @@ pub(super) unsafe fn vec_dot_q5_K_q8_K<D: Dot>(x: &[BlockQ5_K], y: &[BlockQ8_K])
 /// `ggml_vec_dot_q6_K_q8_K` with NEON: codes `q - 32`, signed.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q6_K_q8_K<D: Dot>(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: bounds-checked loads of the blocks' fields, and the
+    // caller's instruction sets.
     unsafe {
         let mut sumf = 0.0f32;
         for (x, y) in x.iter().zip(y) {

@@ -15,6 +15,17 @@
 //! - `quantize`: the activation quantizers Q8_0, Q8_1 and Q8_K.
 //!
 //! `sdot` is written with `asm!`: its intrinsic (`vdotq_s32`) is not yet stable in Rust.
+//!
+//! # Safety
+//!
+//! The entry points are the only functions callers outside this module see: safe functions
+//! with `#[target_feature]`, so calling one is unsafe only where the caller has not enabled the
+//! same features ([`crate::kernels::KernelSet`] checks the CPU first). Everything below them
+//! is an `unsafe fn` marked `#[inline(always)]`, whose one precondition, unless its own
+//! documentation adds more, is that its caller enables NEON (and `dotprod` for [`Sdot`]).
+//! None of them reads memory outside the slices and blocks it is given, whatever their
+//! lengths: block kernels zip the two slices, and row kernels and quantizers assert their
+//! lengths first.
 
 use core::arch::aarch64::*;
 
@@ -37,7 +48,8 @@ macro_rules! entry_points {
         #[target_feature(enable = $features)]
         pub fn $name($($arg: $ty),*) $(-> $ret)? {
             // SAFETY: the body uses only instructions of `$features`, which this function
-            // enables and its caller promised the CPU has.
+            // enables and its caller promised the CPU has; it reads and writes only inside the
+            // slices it is given (see the module's safety section).
             unsafe { $body }
         }
     )*};
@@ -134,6 +146,7 @@ pub(crate) struct Mull;
 impl Dot for Mull {
     #[inline(always)]
     unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        // SAFETY: `smull`, `smull2` and `sadalp` on registers are NEON, which the caller enables.
         unsafe {
             let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
             let hi = vmull_high_s8(a, b);
@@ -170,6 +183,8 @@ impl Dot for Sdot {
 #[inline(always)]
 unsafe fn fp16x4(h: uint16x4_t) -> float32x4_t {
     let out: float32x4_t;
+    // SAFETY: `fcvtl` reads and writes only the registers named (no memory, stack or flags), and is
+    // part of Armv8.0's Advanced SIMD, which the caller enables.
     unsafe {
         core::arch::asm!(
             "fcvtl {out:v}.4s, {h:v}.4h",
@@ -185,23 +200,30 @@ unsafe fn fp16x4(h: uint16x4_t) -> float32x4_t {
 /// as 8 bytes and converted together.
 ///
 /// # Safety
-/// NEON is enabled. (The block has at least 8 bytes, checked at compile time, and `vld1_u16`
-/// needs no alignment beyond that of u16, which every block has.)
+/// NEON is enabled. (The block has at least 8 bytes and the alignment of u16, which
+/// `vld1_u16` needs; both are checked at compile time.)
 #[inline(always)]
 unsafe fn fp16_fields<B>(block: &B) -> float32x4_t {
-    const { assert!(size_of::<B>() >= 8) };
+    const { assert!(size_of::<B>() >= 8 && align_of::<B>() >= align_of::<u16>()) };
+    // SAFETY: `vld1_u16` reads 8 bytes at `block`, a live reference to at least 8 bytes aligned for
+    // u16 (both checked at compile time above); `fcvtl` needs NEON, which the caller enables.
     unsafe { fp16x4(vld1_u16((block as *const B).cast())) }
 }
 
 /// One f16 scale to f32.
 #[inline(always)]
 unsafe fn fp16(h: half::f16) -> f32 {
+    // SAFETY: NEON on registers only, which the caller enables.
     unsafe { vgetq_lane_f32::<0>(fp16x4(vdup_n_u16(h.to_bits()))) }
 }
 
 /// 16 bytes of `s` from element `i` on.
 #[inline(always)]
 unsafe fn load16_at<T: Copy>(s: &[T], i: usize) -> int8x16_t {
+    const { assert!(16 % size_of::<T>() == 0) };
     let part = &s[i..i + 16 / size_of::<T>()];
+    // SAFETY: `part` is a bounds-checked slice of exactly 16 bytes (`T`'s size divides 16, checked
+    // at compile time above), and `vld1q_s8` reads bytes, with no alignment needed; NEON is enabled
+    // by the caller.
     unsafe { vld1q_s8(part.as_ptr().cast()) }
 }

@@ -17,6 +17,7 @@ use half::f16;
 /// `max(|v|)` over the floats of `x`, ignoring NaN.
 #[inline(always)]
 unsafe fn amax(x: &[f32]) -> f32 {
+    // SAFETY: each load reads a chunk of exactly 4 floats of `x`; NEON is enabled by the caller.
     unsafe {
         let mut m = vdupq_n_f32(0.0);
         for c in x.chunks_exact(4) {
@@ -29,6 +30,8 @@ unsafe fn amax(x: &[f32]) -> f32 {
 /// One block of 32: the scale `d` and the codes.
 #[inline(always)]
 unsafe fn q8_block(x: &[f32]) -> (f32, int8x16_t, int8x16_t) {
+    // SAFETY: `amax` reads only inside `x`, and each load a chunk of exactly 4 of its floats; NEON
+    // is enabled by the caller.
     unsafe {
         let d = amax(x) / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -44,6 +47,7 @@ unsafe fn q8_block(x: &[f32]) -> (f32, int8x16_t, int8x16_t) {
 /// Sixteen 32-bit codes to bytes, saturating like `as i8`.
 #[inline(always)]
 unsafe fn narrow(q: &[int32x4_t]) -> int8x16_t {
+    // SAFETY: NEON on registers only, which the caller enables.
     unsafe {
         let lo = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1]));
         let hi = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
@@ -56,6 +60,8 @@ unsafe fn narrow(q: &[int32x4_t]) -> int8x16_t {
 pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0: lengths");
     for (x, y) in x.chunks_exact(QK8_0).zip(y) {
+        // SAFETY: `q8_block` gets a chunk of 32 floats; the two 16-byte stores fill the block's 32
+        // codes. NEON is enabled by the caller.
         unsafe {
             let (d, a, b) = q8_block(x);
             y.d = f16::from_f32(d);
@@ -70,6 +76,7 @@ pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
 pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
     assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1: lengths");
     for (x, y) in x.chunks_exact(QK8_1).zip(y) {
+        // SAFETY: as in `quantize_row_q8_0`.
         unsafe {
             let (d, a, b) = q8_block(x);
             let sum = vaddlvq_s8(a) as i32 + vaddlvq_s8(b) as i32;
@@ -86,6 +93,7 @@ pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
 pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
     assert_eq!(x.len(), y.len() * QK_K, "quantize_row_q8_K: lengths");
     for (x, y) in x.chunks_exact(QK_K).zip(y) {
+        // SAFETY: `amax` reads only inside the 256-float chunk; NEON is enabled by the caller.
         let amax = unsafe { amax(x) };
         if amax == 0.0 {
             *y = BlockQ8_K {
@@ -101,6 +109,8 @@ pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
             .zip(y.qs.chunks_exact_mut(16))
             .enumerate()
         {
+            // SAFETY: each load reads a chunk of exactly 4 floats, and the store writes a chunk of
+            // exactly 16 codes; NEON is enabled by the caller.
             unsafe {
                 let mut q = [vdupq_n_s32(0); 4];
                 for (q, c) in q.iter_mut().zip(xs.chunks_exact(4)) {

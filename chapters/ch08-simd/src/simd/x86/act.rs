@@ -25,6 +25,7 @@ pub struct Avx2;
 /// AVX2 and FMA are enabled.
 #[inline(always)]
 pub unsafe fn exp8(x: __m256) -> __m256 {
+    // SAFETY: AVX2 and FMA on registers only, which the caller enables (this function's contract).
     unsafe {
         // `min(88, x)` returns x when x is NaN, so NaN propagates.
         let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
@@ -59,8 +60,14 @@ pub unsafe fn exp8(x: __m256) -> __m256 {
 
 /// `g = silu(g)·u` for eight lanes at `g` and `u`. (A function, not a closure: a closure
 /// does not inherit the caller's target features, and its intrinsics would not be inlined.)
+///
+/// # Safety
+/// AVX2 and FMA are enabled; `u` is valid for reading 8 floats and `g` for reading and
+/// writing 8.
 #[inline(always)]
 unsafe fn silu_mul8(g: *mut f32, u: *const f32) {
+    // SAFETY: the caller gives 8 readable floats at `u` and 8 readable and writable ones at `g`,
+    // and unaligned loads and stores need no more; AVX2 and FMA are enabled by the caller.
     unsafe {
         let x = _mm256_loadu_ps(g);
         let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
@@ -72,8 +79,15 @@ unsafe fn silu_mul8(g: *mut f32, u: *const f32) {
 /// Scores of `q` (`8·V` values, held in `V` registers) against each key row.
 /// Four keys at a time, each with its own accumulator, so that one horizontal reduction
 /// (three `hadd`s) serves four dot products.
+///
+/// # Safety
+/// AVX2 and FMA are enabled; `q` holds `8·V` floats, every key row at least as many, and `s`
+/// at least `keys.len()`.
 #[inline(always)]
 unsafe fn scores_regs<const V: usize>(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+    // SAFETY: the loads read `8·V` floats of `q` and of every key row, which the caller guarantees
+    // they hold; each 4-float store goes to `s[j..j + 4]` with `j + 4 <= keys.len() <= s.len()`.
+    // AVX2 and FMA are enabled by the caller.
     unsafe {
         let mut qr = [_mm256_setzero_ps(); V];
         for (i, r) in qr.iter_mut().enumerate() {
@@ -114,8 +128,13 @@ unsafe fn scores_regs<const V: usize>(q: &[f32], keys: &[&[f32]], scale: f32, s:
 }
 
 /// `acc += Σ p_j v_j` with `acc` (`8·V` values) held in `V` registers.
+///
+/// # Safety
+/// AVX2 and FMA are enabled; `acc` holds `8·V` floats and every value row at least as many.
 #[inline(always)]
 unsafe fn weighted_sum_regs<const V: usize>(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+    // SAFETY: the loads and stores of `acc` and the loads of each value row read `8·V` floats,
+    // which the caller guarantees they hold; AVX2 and FMA are enabled by the caller.
     unsafe {
         let mut a = [_mm256_setzero_ps(); V];
         for (i, r) in a.iter_mut().enumerate() {
@@ -141,6 +160,9 @@ impl F32Simd for Avx2 {
         assert!(s.len() >= keys.len());
         debug_assert!(keys.iter().all(|k| k.len() == q.len()));
         // Register-resident kernels for the common head sizes; any other goes row by row.
+        // SAFETY: for 64 and 128 values `q.len()` is the `8·V` of the register kernel, every key
+        // row is as long as `q` (`F32Simd::scores`' contract) and `s` is long enough (asserted
+        // above); `dot` reads only inside both slices. AVX2 and FMA are enabled by the caller.
         unsafe {
             match q.len() {
                 64 => scores_regs::<8>(q, keys, scale, s),
@@ -158,6 +180,9 @@ impl F32Simd for Avx2 {
     unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
         assert!(p.len() >= vals.len());
         debug_assert!(vals.iter().all(|v| v.len() == acc.len()));
+        // SAFETY: for 64 and 128 values `acc.len()` is the `8·V` of the register kernel and every
+        // value row is as long (`F32Simd::weighted_sum`'s contract); `axpy` stays inside both
+        // slices. AVX2 and FMA are enabled by the caller.
         unsafe {
             match acc.len() {
                 64 => weighted_sum_regs::<8>(acc, p, vals),
@@ -175,6 +200,8 @@ impl F32Simd for Avx2 {
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: every load is at `i + 8k`, with `i + 8k + 8 <= n`, and `n` is the shorter length;
+        // the tail is indexed. AVX2 and FMA are enabled by the caller.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut i = 0;
@@ -205,6 +232,8 @@ impl F32Simd for Avx2 {
     unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
         let n = y.len().min(x.len());
         let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+        // SAFETY: every load and store is at `i` with `i + 8 <= n`, and `n` is the shorter length;
+        // AVX2 and FMA are enabled by the caller.
         unsafe {
             let va = _mm256_set1_ps(a);
             let mut i = 0;
@@ -224,6 +253,8 @@ impl F32Simd for Avx2 {
     unsafe fn scale(y: &mut [f32], a: f32) {
         let n = y.len();
         let py = y.as_mut_ptr();
+        // SAFETY: every load and store is at `i` with `i + 8 <= y.len()`; AVX is enabled with the
+        // caller's AVX2.
         unsafe {
             let va = _mm256_set1_ps(a);
             let mut i = 0;
@@ -242,6 +273,8 @@ impl F32Simd for Avx2 {
     unsafe fn max(x: &[f32]) -> f32 {
         let n = x.len();
         let px = x.as_ptr();
+        // SAFETY: every load is at `i` with `i + 8 <= x.len()`; AVX is enabled with the caller's
+        // AVX2.
         unsafe {
             let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
             let mut i = 0;
@@ -262,6 +295,8 @@ impl F32Simd for Avx2 {
     unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
         let n = x.len();
         let px = x.as_mut_ptr();
+        // SAFETY: every load and store is at `i` with `i + 8 <= x.len()`, and the tail goes through
+        // a local array of 8; AVX2 and FMA are enabled by the caller.
         unsafe {
             let vm = _mm256_set1_ps(m);
             let mut sum = _mm256_setzero_ps();
@@ -290,6 +325,8 @@ impl F32Simd for Avx2 {
     unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
         let n = g.len().min(u.len());
         let (pg, pu) = (g.as_mut_ptr(), u.as_ptr());
+        // SAFETY: `silu_mul8` gets offsets `i` with `i + 8 <= n`, `n` the shorter length, or local
+        // arrays of 8; AVX2 and FMA are enabled by the caller.
         unsafe {
             let mut i = 0;
             while i + 8 <= n {
@@ -308,6 +345,7 @@ impl F32Simd for Avx2 {
 
     #[inline(always)]
     unsafe fn sum_squares(x: &[f32]) -> f32 {
+        // SAFETY: `dot` reads only inside `x`; AVX2 and FMA are enabled by the caller.
         unsafe { Self::dot(x, x) }
     }
 
@@ -315,6 +353,8 @@ impl F32Simd for Avx2 {
     unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]) {
         let n = x.len().min(w.len()).min(out.len());
         let (px, pw, po) = (x.as_ptr(), w.as_ptr(), out.as_mut_ptr());
+        // SAFETY: every load and store is at `i` with `i + 8 <= n`, and `n` is the shortest length;
+        // AVX is enabled with the caller's AVX2.
         unsafe {
             let vs = _mm256_set1_ps(s);
             let mut i = 0;
@@ -334,6 +374,8 @@ impl F32Simd for Avx2 {
     unsafe fn add(x: &mut [f32], y: &[f32]) {
         let n = x.len().min(y.len());
         let (px, py) = (x.as_mut_ptr(), y.as_ptr());
+        // SAFETY: every load and store is at `i` with `i + 8 <= n`, and `n` is the shorter length;
+        // AVX is enabled with the caller's AVX2.
         unsafe {
             let mut i = 0;
             while i + 8 <= n {
@@ -354,8 +396,13 @@ impl F32Simd for Avx2 {
 pub struct Avx512;
 
 /// [`scores_regs`] with `q` in `V` 16-lane registers.
+///
+/// # Safety
+/// As for [`scores_regs`] with `16·V` floats, and AVX-512 F is enabled too.
 #[inline(always)]
 unsafe fn scores_regs512<const V: usize>(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+    // SAFETY: as in `scores_regs`, with `16·V` floats per row; AVX-512 F, AVX2 and FMA are enabled
+    // by the caller.
     unsafe {
         let mut qr = [_mm512_setzero_ps(); V];
         for (i, r) in qr.iter_mut().enumerate() {
@@ -402,8 +449,13 @@ unsafe fn scores_regs512<const V: usize>(q: &[f32], keys: &[&[f32]], scale: f32,
 }
 
 /// [`weighted_sum_regs`] with `acc` in `V` 16-lane registers.
+///
+/// # Safety
+/// As for [`weighted_sum_regs`] with `16·V` floats, and AVX-512 F is enabled too.
 #[inline(always)]
 unsafe fn weighted_sum_regs512<const V: usize>(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+    // SAFETY: as in `weighted_sum_regs`, with `16·V` floats per row; AVX-512 F is enabled by the
+    // caller.
     unsafe {
         let mut a = [_mm512_setzero_ps(); V];
         for (i, r) in a.iter_mut().enumerate() {
@@ -424,38 +476,47 @@ unsafe fn weighted_sum_regs512<const V: usize>(acc: &mut [f32], p: &[f32], vals:
 impl F32Simd for Avx512 {
     #[inline(always)]
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: `Avx2` needs AVX2 and FMA, which every caller of `Avx512` enables with AVX-512 F.
         unsafe { Avx2::dot(a, b) }
     }
     #[inline(always)]
     unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::axpy(y, a, x) }
     }
     #[inline(always)]
     unsafe fn scale(y: &mut [f32], a: f32) {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::scale(y, a) }
     }
     #[inline(always)]
     unsafe fn max(x: &[f32]) -> f32 {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::max(x) }
     }
     #[inline(always)]
     unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::exp_sum(x, m) }
     }
     #[inline(always)]
     unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::silu_mul(g, u) }
     }
     #[inline(always)]
     unsafe fn sum_squares(x: &[f32]) -> f32 {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::sum_squares(x) }
     }
     #[inline(always)]
     unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]) {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::scale_mul(x, s, w, out) }
     }
     #[inline(always)]
     unsafe fn add(x: &mut [f32], y: &[f32]) {
+        // SAFETY: as in `dot`.
         unsafe { Avx2::add(x, y) }
     }
 
@@ -463,6 +524,8 @@ impl F32Simd for Avx512 {
     unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
         assert!(s.len() >= keys.len());
         debug_assert!(keys.iter().all(|k| k.len() == q.len()));
+        // SAFETY: as in `Avx2::scores`, with the `16·V` floats of the AVX-512 register kernels;
+        // AVX-512 F is enabled by the caller.
         unsafe {
             match q.len() {
                 64 => scores_regs512::<4>(q, keys, scale, s),
@@ -476,6 +539,8 @@ impl F32Simd for Avx512 {
     unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
         assert!(p.len() >= vals.len());
         debug_assert!(vals.iter().all(|v| v.len() == acc.len()));
+        // SAFETY: as in `Avx2::weighted_sum`, with the `16·V` floats of the AVX-512 register
+        // kernels; AVX-512 F is enabled by the caller.
         unsafe {
             match acc.len() {
                 64 => weighted_sum_regs512::<4>(acc, p, vals),

@@ -33,6 +33,8 @@ impl Elem for F32 {
     #[inline(always)]
     unsafe fn load8(b: &[u8]) -> __m256 {
         debug_assert!(b.len() >= 32);
+        // SAFETY: the caller gives at least 32 bytes in `b` (this method's contract), and `vmovups`
+        // needs no alignment; AVX comes with the caller's AVX2.
         unsafe { _mm256_loadu_ps(b.as_ptr().cast()) }
     }
     #[inline(always)]
@@ -48,10 +50,13 @@ impl Elem for F16 {
     #[inline(always)]
     unsafe fn load8(b: &[u8]) -> __m256 {
         debug_assert!(b.len() >= 16);
+        // SAFETY: the caller gives at least 16 bytes in `b` (this method's contract), and `movdqu`
+        // needs no alignment; `vcvtph2ps` is F16C, which the caller enables.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())) }
     }
     #[inline(always)]
     unsafe fn one(b: &[u8]) -> f32 {
+        // SAFETY: `fp16` needs F16C, which the caller enables.
         unsafe { fp16(f16::from_le_bytes([b[0], b[1]])) }
     }
 }
@@ -63,6 +68,8 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load8(b: &[u8]) -> __m256 {
         debug_assert!(b.len() >= 16);
+        // SAFETY: the caller gives at least 16 bytes in `b` (this method's contract), and `movdqu`
+        // needs no alignment; the widening and shift are AVX2, which the caller enables.
         unsafe {
             let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(b.as_ptr().cast()));
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
@@ -85,6 +92,9 @@ unsafe fn dot_rows<E: Elem>(n: usize, x: &[u8], y: &[u8]) -> f32 {
         x.len(),
         y.len()
     );
+    // SAFETY: every `load8` gets the rest of a `32 · w`-byte chunk from offset `8 · w · k`, `k <
+    // 4`: at least the `8 · w` bytes it reads. The instructions are AVX2, FMA and F16C, which the
+    // caller enables.
     unsafe {
         let mut acc = [_mm256_setzero_ps(); 4];
         let (xs, ys) = (x.chunks_exact(32 * w), y.chunks_exact(32 * w));
@@ -107,17 +117,20 @@ unsafe fn dot_rows<E: Elem>(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// F32 · F32.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: forwarded: the caller enables AVX2, FMA and F16C; `dot_rows` checks the lengths.
     unsafe { dot_rows::<F32>(n, x, y) }
 }
 
 /// F16 · F16.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: forwarded: the caller enables AVX2, FMA and F16C; `dot_rows` checks the lengths.
     unsafe { dot_rows::<F16>(n, x, y) }
 }
 
 /// BF16 · BF16.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: forwarded: the caller enables AVX2, FMA and F16C; `dot_rows` checks the lengths.
     unsafe { dot_rows::<Bf16>(n, x, y) }
 }

@@ -20,7 +20,10 @@ use crate::ch06::quants::blocks::*;
 /// 32 bytes of `s` from element `i` on.
 #[inline(always)]
 unsafe fn load32_at<T: Copy>(s: &[T], i: usize) -> __m256i {
+    const { assert!(32 % size_of::<T>() == 0) };
     let part = &s[i..i + 32 / size_of::<T>()];
+    // SAFETY: `part` is a bounds-checked slice of exactly 32 bytes (`T`'s size divides 32, checked
+    // at compile time above), and `vmovdqu` needs no alignment; AVX comes with the caller's AVX2.
     unsafe { _mm256_loadu_si256(part.as_ptr().cast()) }
 }
 
@@ -30,12 +33,14 @@ unsafe fn load32_at<T: Copy>(s: &[T], i: usize) -> __m256i {
 #[inline(always)]
 unsafe fn pick16(lo: usize, hi: usize) -> __m256i {
     let ctl = |i: usize| (((2 * i + 1) << 8) | (2 * i)) as i16;
+    // SAFETY: SSE2 and AVX on registers only, which come with the caller's AVX2.
     unsafe { _mm256_set_m128i(_mm_set1_epi16(ctl(hi)), _mm_set1_epi16(ctl(lo))) }
 }
 
 /// Eight signed bytes, widened to 16 bits and copied into both 128-bit halves.
 #[inline(always)]
 unsafe fn scales16(bytes: u64, signed: bool) -> __m256i {
+    // SAFETY: SSE4.1 and AVX2 on registers only, which come with the caller's AVX2.
     unsafe {
         let v = _mm_cvtsi64_si128(bytes as i64);
         let wide = if signed {
@@ -51,12 +56,16 @@ unsafe fn scales16(bytes: u64, signed: bool) -> __m256i {
 /// `scale` (one per 128-bit half), as eight 32-bit sums.
 #[inline(always)]
 unsafe fn scaled_dot(codes: __m256i, y: __m256i, scale: __m256i) -> __m256i {
+    // SAFETY: AVX2 on registers only, which the caller enables.
     unsafe { _mm256_madd_epi16(scale, _mm256_maddubs_epi16(codes, y)) }
 }
 
 /// `ggml_vec_dot_q2_K_q8_K` for AVX2.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q2_K_q8_K(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: AVX2, FMA and F16C, which the caller enables; every load is of a whole field of the
+    // blocks the zipped iterators hand out (`load16`, `load32`) or a bounds-checked part of one
+    // (`load32_at`).
     unsafe {
         let m3 = _mm256_set1_epi8(3);
         let m4 = _mm_set1_epi8(0x0F);
@@ -103,6 +112,8 @@ pub(super) unsafe fn vec_dot_q2_K_q8_K(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 
 /// unsigned, so they are multiplied separately and subtracted in 16 bits.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q3_K_q8_K(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: the caller's instruction sets, and loads only of the
+    // blocks' own fields.
     unsafe {
         let m3 = _mm256_set1_epi8(3);
         let mut acc = _mm256_setzero_ps();
@@ -152,6 +163,8 @@ pub(super) unsafe fn vec_dot_q3_K_q8_K(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 
 /// per 16, as four 32-bit partial sums.
 #[inline(always)]
 unsafe fn mins_dot_bsums(mins: u64, bsums: &[i16; 16]) -> __m128i {
+    // SAFETY: `load32` reads the 32 bytes of `bsums`; the rest is AVX2 and SSSE3 on registers,
+    // which the caller enables.
     unsafe {
         let b = load32(bsums);
         let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
@@ -164,6 +177,8 @@ unsafe fn mins_dot_bsums(mins: u64, bsums: &[i16; 16]) -> __m128i {
 /// then their high nibbles, each 32 with its own 6-bit scale.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_K_q8_K(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: the caller's instruction sets, and loads only of the
+    // blocks' own fields.
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = _mm256_setzero_ps();
@@ -199,6 +214,8 @@ pub(super) unsafe fn vec_dot_q4_K_q8_K(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 
 /// (low nibbles) and `2j + 1` (high nibbles) of `qh` for step `j`.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_K_q8_K(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: the caller's instruction sets, and loads only of the
+    // blocks' own fields.
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
@@ -241,6 +258,8 @@ pub(super) unsafe fn vec_dot_q5_K_q8_K(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 
 /// so the kernel multiplies those and takes `32 Σ scale · Σ y` (from `bsums`) off at the end.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q6_K_q8_K(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q2_K_q8_K`: the caller's instruction sets, and loads only of the
+    // blocks' own fields.
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = _mm256_setzero_ps();

@@ -36,6 +36,9 @@ macro_rules! two_accumulators {
 /// One block of [`vec_dot_q4_0_q8_0`], added into `acc`.
 #[inline(always)]
 pub(super) unsafe fn q4_0_step<D: Dot>(x: &BlockQ4_0, y: &BlockQ8_0, acc: __m256) -> __m256 {
+    // SAFETY: the loads read fields of the two blocks (`fp16_pair`: their first 8 bytes, `nibbles`
+    // and `load32`: their code arrays); the instructions are AVX2, FMA, F16C and `D`'s, which the
+    // caller enables.
     unsafe {
         let d = _mm256_set1_ps(fp16_pair(x).0 * fp16_pair(y).0);
         // Codes 0..16 become the weights' signed values -8..8.
@@ -48,6 +51,8 @@ pub(super) unsafe fn q4_0_step<D: Dot>(x: &BlockQ4_0, y: &BlockQ8_0, acc: __m256
 /// `ggml_vec_dot_q4_0_q8_0` for AVX2: `d_x d_y Σ (q - 8) · y` per block.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+    // SAFETY: the steps get blocks the zipped chunks hold; the caller enables AVX2, FMA, F16C and
+    // `D`'s set.
     unsafe { hsum(two_accumulators!(x, y, q4_0_step::<D>)) }
 }
 // ANCHOR_END: q4_0
@@ -56,6 +61,8 @@ pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0])
 /// One block of [`vec_dot_q4_1_q8_1`], added into `acc`.
 #[inline(always)]
 pub(super) unsafe fn q4_1_step<D: Dot>(x: &BlockQ4_1, y: &BlockQ8_1, acc: __m256) -> __m256 {
+    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
+    // sets.
     unsafe {
         let ((dx, m), (dy, s)) = (fp16_pair(x), fp16_pair(y));
         let sums = D::dot(_mm256_setzero_si256(), nibbles(&x.qs), load32(&y.qs));
@@ -70,6 +77,7 @@ pub(super) unsafe fn q4_1_step<D: Dot>(x: &BlockQ4_1, y: &BlockQ8_1, acc: __m256
 /// activation quantizer stored.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { hsum(two_accumulators!(x, y, q4_1_step::<D>)) }
 }
 // ANCHOR_END: q4_1
@@ -77,6 +85,8 @@ pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1])
 /// The 32 five-bit codes of a Q5 block: the nibbles, with bit `i` of `qh` as bit 4 of code `i`.
 #[inline(always)]
 unsafe fn q5_codes<D: Dot>(qs: &[u8; 16], qh: [u8; 4]) -> __m256i {
+    // SAFETY: `nibbles` reads the 16 bytes of `qs`; `D::bits` and the rest need only what the
+    // caller enables.
     unsafe {
         let high = _mm256_and_si256(D::bits(qh), _mm256_set1_epi8(0x10));
         _mm256_or_si256(nibbles(qs), high)
@@ -86,6 +96,8 @@ unsafe fn q5_codes<D: Dot>(qs: &[u8; 16], qh: [u8; 4]) -> __m256i {
 /// One block of [`vec_dot_q5_0_q8_0`], added into `acc`.
 #[inline(always)]
 pub(super) unsafe fn q5_0_step<D: Dot>(x: &BlockQ5_0, y: &BlockQ8_0, acc: __m256) -> __m256 {
+    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
+    // sets.
     unsafe {
         let d = _mm256_set1_ps(fp16_pair(x).0 * fp16_pair(y).0);
         let qx = _mm256_sub_epi8(q5_codes::<D>(&x.qs, x.qh), _mm256_set1_epi8(16));
@@ -97,12 +109,15 @@ pub(super) unsafe fn q5_0_step<D: Dot>(x: &BlockQ5_0, y: &BlockQ8_0, acc: __m256
 /// `ggml_vec_dot_q5_0_q8_0` for AVX2: as Q4_0 with five-bit codes, offset by 16.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_0_q8_0<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { hsum(two_accumulators!(x, y, q5_0_step::<D>)) }
 }
 
 /// One block of [`vec_dot_q5_1_q8_1`], added into `acc`.
 #[inline(always)]
 pub(super) unsafe fn q5_1_step<D: Dot>(x: &BlockQ5_1, y: &BlockQ8_1, acc: __m256) -> __m256 {
+    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
+    // sets.
     unsafe {
         let ((dx, m), (dy, s)) = (fp16_pair(x), fp16_pair(y));
         let sums = D::dot(
@@ -118,6 +133,7 @@ pub(super) unsafe fn q5_1_step<D: Dot>(x: &BlockQ5_1, y: &BlockQ8_1, acc: __m256
 /// `ggml_vec_dot_q5_1_q8_1` for AVX2: as Q4_1 with five-bit codes.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_1_q8_1<D: Dot>(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { hsum(two_accumulators!(x, y, q5_1_step::<D>)) }
 }
 
@@ -125,6 +141,8 @@ pub(super) unsafe fn vec_dot_q5_1_q8_1<D: Dot>(x: &[BlockQ5_1], y: &[BlockQ8_1])
 /// One block of [`vec_dot_q8_0_q8_0`], added into `acc`.
 #[inline(always)]
 pub(super) unsafe fn q8_0_step<D: Dot>(x: &BlockQ8_0, y: &BlockQ8_0, acc: __m256) -> __m256 {
+    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
+    // sets.
     unsafe {
         let d = _mm256_set1_ps(fp16_pair(x).0 * fp16_pair(y).0);
         let sums = dot_i8::<D>(_mm256_setzero_si256(), load32(&x.qs), load32(&y.qs));
@@ -136,6 +154,7 @@ pub(super) unsafe fn q8_0_step<D: Dot>(x: &BlockQ8_0, y: &BlockQ8_0, acc: __m256
 /// off it), which `|x|` turns into 128: still right, read as the unsigned byte it is.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q8_0_q8_0<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { hsum(two_accumulators!(x, y, q8_0_step::<D>)) }
 }
 // ANCHOR_END: q8_0

@@ -22,6 +22,17 @@
 //! - `wide`: the 64-byte versions of the most used ones;
 //! - `float`: F32, F16 and BF16 rows;
 //! - `quantize`: the activation quantizers Q8_0, Q8_1 and Q8_K.
+//!
+//! # Safety
+//!
+//! The entry points are the only functions callers outside this module see: safe functions
+//! with `#[target_feature]`, so calling one is unsafe only where the caller has not enabled the
+//! same features ([`crate::kernels::KernelSet`] checks the CPU first). Everything below them
+//! is an `unsafe fn` marked `#[inline(always)]`, whose one precondition, unless its own
+//! documentation adds more, is that its caller enables the instruction sets it uses (the
+//! module documentation of each file says which). None of them reads memory outside the
+//! slices and blocks it is given, whatever their lengths: block kernels zip the two slices, and
+//! row kernels and quantizers assert their lengths first.
 
 use core::arch::x86_64::*;
 use half::f16;
@@ -47,7 +58,8 @@ macro_rules! entry_points {
         #[target_feature(enable = $features)]
         pub fn $name($($arg: $ty),*) $(-> $ret)? {
             // SAFETY: the body uses only instructions of `$features`, which this function
-            // enables and its caller promised the CPU has.
+            // enables and its caller promised the CPU has; it reads and writes only inside the
+            // slices it is given (see the module's safety section).
             unsafe { $body }
         }
     )*};
@@ -212,6 +224,8 @@ pub(crate) struct Madd;
 impl Dot for Madd {
     #[inline(always)]
     unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: `vpmaddubsw`, `vpmaddwd` and `vpaddd` on registers are AVX2, which the caller
+        // enables (this method's contract).
         unsafe {
             let pairs = _mm256_maddubs_epi16(a, b);
             _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
@@ -219,6 +233,8 @@ impl Dot for Madd {
     }
     #[inline(always)]
     unsafe fn dot512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: the 64-byte `vpmaddubsw`, `vpmaddwd` and `vpaddd` on registers are AVX-512 BW and
+        // F, which the caller enables (this method's contract).
         unsafe {
             let pairs = _mm512_maddubs_epi16(a, b);
             _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
@@ -226,6 +242,7 @@ impl Dot for Madd {
     }
     #[inline(always)]
     unsafe fn bits(qh: [u8; 4]) -> __m256i {
+        // SAFETY: `bits_to_bytes` needs AVX2 only, which the caller enables.
         unsafe { bits_to_bytes(qh) }
     }
 }
@@ -237,14 +254,20 @@ pub(crate) struct Vnni;
 impl Dot for Vnni {
     #[inline(always)]
     unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: `vpdpbusd` on 32-byte registers is AVX-512 VNNI with VL; the caller enables both
+        // for `Vnni`.
         unsafe { _mm256_dpbusd_epi32(acc, a, b) }
     }
     #[inline(always)]
     unsafe fn dot512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: `vpdpbusd` on 64-byte registers is AVX-512 VNNI; the caller enables it for
+        // `Vnni`.
         unsafe { _mm512_dpbusd_epi32(acc, a, b) }
     }
     #[inline(always)]
     unsafe fn bits(qh: [u8; 4]) -> __m256i {
+        // SAFETY: `vpmovm2b` on a 32-byte register is AVX-512 BW with VL, which every set that uses
+        // `Vnni` has and the caller enables.
         unsafe { _mm256_movm_epi8(u32::from_le_bytes(qh)) }
     }
 }
@@ -253,6 +276,8 @@ impl Dot for Vnni {
 /// side and the same value. Needs `y != -128`, whose negation does not fit in a byte.
 #[inline(always)]
 unsafe fn dot_i8<D: Dot>(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: `vpsignb` is AVX2 and `D::dot` needs what `D` needs; the caller enables both (the
+    // module's contract).
     unsafe { D::dot(acc, _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
 }
 
@@ -262,6 +287,7 @@ unsafe fn dot_i8<D: Dot>(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
 /// An f16 scale to f32 with F16C (exact, like `half::f16::to_f32`).
 #[inline(always)]
 unsafe fn fp16(h: f16) -> f32 {
+    // SAFETY: `vcvtph2ps` on a register is F16C, which the caller enables.
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32))) }
 }
 
@@ -270,6 +296,8 @@ unsafe fn fp16(h: f16) -> f32 {
 #[inline(always)]
 unsafe fn fp16_pair<B>(block: &B) -> (f32, f32) {
     const { assert!(size_of::<B>() >= 8) };
+    // SAFETY: `vmovq` reads 8 bytes at `block`, a live reference to at least 8 bytes (checked at
+    // compile time above), and needs no alignment; `vcvtph2ps` is F16C, which the caller enables.
     unsafe {
         let v = _mm_cvtph_ps(_mm_loadl_epi64((block as *const B).cast()));
         (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
@@ -280,6 +308,7 @@ unsafe fn fp16_pair<B>(block: &B) -> (f32, f32) {
 /// only a NaN's payload bits could differ, and no scale here is NaN).
 #[inline(always)]
 unsafe fn to_fp16(v: f32) -> f16 {
+    // SAFETY: `vcvtps2ph` and `pextrw` on registers are F16C and SSE2, which the caller enables.
     unsafe {
         let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v));
         f16::from_bits(_mm_extract_epi16::<0>(h) as u16)
@@ -289,14 +318,18 @@ unsafe fn to_fp16(v: f32) -> f16 {
 /// 32 bytes from an array of at least 32 bytes.
 #[inline(always)]
 unsafe fn load32<T, const N: usize>(a: &[T; N]) -> __m256i {
-    debug_assert!(size_of::<[T; N]>() >= 32);
+    const { assert!(size_of::<[T; N]>() >= 32) };
+    // SAFETY: `a` is a live array of at least 32 bytes (checked at compile time above), and
+    // `vmovdqu` needs no alignment; AVX is enabled with AVX2 by the caller.
     unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
 }
 
 /// 16 bytes from an array of at least 16 bytes.
 #[inline(always)]
 unsafe fn load16<T, const N: usize>(a: &[T; N]) -> __m128i {
-    debug_assert!(size_of::<[T; N]>() >= 16);
+    const { assert!(size_of::<[T; N]>() >= 16) };
+    // SAFETY: `a` is a live array of at least 16 bytes (checked at compile time above), and
+    // `movdqu` needs no alignment.
     unsafe { _mm_loadu_si128(a.as_ptr().cast()) }
 }
 
@@ -305,6 +338,8 @@ unsafe fn load16<T, const N: usize>(a: &[T; N]) -> __m128i {
 /// at once (a load, not a shuffle), and the upper half shifted.
 #[inline(always)]
 unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: `load16` reads the 16 bytes of `qs`; the rest is AVX2 on registers, which the caller
+    // enables.
     unsafe {
         let both = _mm256_broadcastsi128_si256(load16(qs));
         let shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
@@ -316,6 +351,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// bit `i`, keeps only that bit, and compares it with itself.
 #[inline(always)]
 unsafe fn bits_to_bytes(qh: [u8; 4]) -> __m256i {
+    // SAFETY: AVX2 on registers only, which the caller enables.
     unsafe {
         let spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(i32::from_le_bytes(qh)),
@@ -334,6 +370,7 @@ unsafe fn bits_to_bytes(qh: [u8; 4]) -> __m256i {
 /// The sum of 8 floats.
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: AVX and SSE3 on registers only, which come with the AVX2 the caller enables.
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         hsum128(s)
@@ -343,6 +380,7 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// The largest of 8 floats.
 #[inline(always)]
 unsafe fn hmax(v: __m256) -> f32 {
+    // SAFETY: AVX and SSE on registers only, which come with the AVX2 the caller enables.
     unsafe {
         let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -353,6 +391,7 @@ unsafe fn hmax(v: __m256) -> f32 {
 /// The sum of 4 floats.
 #[inline(always)]
 unsafe fn hsum128(s: __m128) -> f32 {
+    // SAFETY: SSE3 on registers only, which comes with the AVX2 the caller enables.
     unsafe {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -362,6 +401,7 @@ unsafe fn hsum128(s: __m128) -> f32 {
 /// The sum of 8 32-bit integers (wrapping, which the callers' ranges never reach).
 #[inline(always)]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: AVX2 on registers only, which the caller enables.
     unsafe {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));

@@ -23,6 +23,7 @@ use crate::ch06::quants::blocks::*;
 /// second operand when either is NaN, and the running maximum is kept second.
 #[inline(always)]
 unsafe fn amax(v: &[__m256]) -> f32 {
+    // SAFETY: AVX on registers only, which comes with the caller's AVX2.
     unsafe {
         let sign = _mm256_set1_ps(-0.0);
         let mut m = _mm256_setzero_ps();
@@ -37,6 +38,7 @@ unsafe fn amax(v: &[__m256]) -> f32 {
 /// saturate to `-128..=127`.
 #[inline(always)]
 unsafe fn round_away(v: __m256) -> __m256i {
+    // SAFETY: AVX on registers only, which comes with the caller's AVX2.
     unsafe {
         // `v - trunc(v)` is exact, so comparing it with 0.5 decides the rounding exactly.
         let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
@@ -56,6 +58,7 @@ unsafe fn round_away(v: __m256) -> __m256i {
 /// Four vectors of eight 32-bit codes in `-128..=127` → 32 bytes in element order.
 #[inline(always)]
 unsafe fn pack_i8(q: [__m256i; 4]) -> __m256i {
+    // SAFETY: AVX2 on registers only, which the caller enables.
     unsafe {
         // The packs work within 128-bit halves; the permute puts the 4-byte groups back.
         let p = _mm256_packs_epi16(
@@ -69,6 +72,8 @@ unsafe fn pack_i8(q: [__m256i; 4]) -> __m256i {
 /// One block of 32: the scale `d` and the codes as 32-bit lanes.
 #[inline(always)]
 unsafe fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
+    // SAFETY: each load reads `x[8k..8k + 8]`, a bounds-checked slice of 8 floats, and `vmovups`
+    // needs no alignment; the rest is AVX on registers, which comes with the caller's AVX2.
     unsafe {
         let mut v = [_mm256_setzero_ps(); 4];
         for (k, v) in v.iter_mut().enumerate() {
@@ -89,6 +94,8 @@ unsafe fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
 #[inline(always)]
 pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0: lengths");
+    // SAFETY: `q8_block` gets a chunk of 32 floats; the store writes the 32 bytes of the block's
+    // `qs`. F16C and AVX2 are enabled by the caller.
     unsafe {
         for (x, y) in x.chunks_exact(QK8_0).zip(y) {
             let (d, q) = q8_block(x);
@@ -103,6 +110,7 @@ pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
 #[inline(always)]
 pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
     assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1: lengths");
+    // SAFETY: as in `quantize_row_q8_0`.
     unsafe {
         for (x, y) in x.chunks_exact(QK8_1).zip(y) {
             let (d, q) = q8_block(x);
@@ -121,6 +129,7 @@ pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
 /// in the low mantissa bits.
 #[inline(always)]
 unsafe fn nearest_int(v: __m256) -> __m256i {
+    // SAFETY: AVX2 on registers only, which the caller enables.
     unsafe {
         let bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0)));
         _mm256_sub_epi32(
@@ -133,6 +142,7 @@ unsafe fn nearest_int(v: __m256) -> __m256i {
 /// Sums of 16 codes: for 4 registers of 32 codes, the 8 sums in group order.
 #[inline(always)]
 unsafe fn sums16(c: &[__m256i]) -> __m256i {
+    // SAFETY: AVX2 on registers only, which the caller enables.
     unsafe {
         let ones8 = _mm256_set1_epi8(1);
         let ones16 = _mm256_set1_epi16(1);
@@ -152,6 +162,9 @@ unsafe fn sums16(c: &[__m256i]) -> __m256i {
 #[inline(always)]
 pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
     assert_eq!(x.len(), y.len() * QK_K, "quantize_row_q8_K: lengths");
+    // SAFETY: each load reads a bounds-checked slice of 8 floats of a 256-float chunk; the stores
+    // write 32 bytes at `qs[32k..]` (`k < 8`, inside the 256 codes) and the 32 bytes of `bsums`.
+    // AVX2 is enabled by the caller.
     unsafe {
         for (x, y) in x.chunks_exact(QK_K).zip(y) {
             let mut v = [_mm256_setzero_ps(); 32];

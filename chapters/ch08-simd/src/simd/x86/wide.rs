@@ -18,6 +18,7 @@ use crate::ch06::quants::blocks::*;
 /// Signed-by-signed byte products on 64-byte registers: `|x| · (y · sign(x))`.
 #[inline(always)]
 unsafe fn dot_i8_512<D: Dot>(acc: __m512i, x: __m512i, y: __m512i) -> __m512i {
+    // SAFETY: AVX-512 BW on registers and `D::dot512`, all of which the caller enables.
     unsafe {
         let negative = _mm512_movepi8_mask(x);
         let y = _mm512_mask_sub_epi8(y, negative, _mm512_setzero_si512(), y);
@@ -30,6 +31,8 @@ unsafe fn dot_i8_512<D: Dot>(acc: __m512i, x: __m512i, y: __m512i) -> __m512i {
 #[inline(always)]
 unsafe fn fp16_pairs<B>(b0: &B, b1: &B) -> __m128 {
     const { assert!(size_of::<B>() >= 4) };
+    // SAFETY: each read is of the first 4 bytes of a live block (at least 4, checked at compile
+    // time above), unaligned; `vcvtph2ps` is F16C, which the caller enables.
     unsafe {
         let first = |b: &B| _mm_cvtsi32_si128((b as *const B).cast::<i32>().read_unaligned());
         _mm_cvtph_ps(_mm_unpacklo_epi32(first(b0), first(b1)))
@@ -40,6 +43,8 @@ unsafe fn fp16_pairs<B>(b0: &B, b1: &B) -> __m128 {
 /// products of the second fields in lanes 1 and 3 of the other result.
 #[inline(always)]
 unsafe fn scales2<X, Y>(x: &[X], y: &[Y]) -> (__m512, __m128) {
+    // SAFETY: `x[0]`, `x[1]`, `y[0]` and `y[1]` are bounds-checked, and `fp16_pairs` reads inside
+    // them; the rest is AVX-512 F on registers, which the caller enables.
     unsafe {
         let p = _mm_mul_ps(fp16_pairs(&x[0], &x[1]), fp16_pairs(&y[0], &y[1]));
         let lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -51,6 +56,8 @@ unsafe fn scales2<X, Y>(x: &[X], y: &[Y]) -> (__m512, __m128) {
 /// high nibbles.
 #[inline(always)]
 unsafe fn nibbles2(q0: &[u8; 16], q1: &[u8; 16]) -> __m512i {
+    // SAFETY: `load16` reads the 16 bytes of each array; the rest is AVX-512 F on registers, which
+    // the caller enables.
     unsafe {
         let both =
             _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load16(q0)), 0xFF00, load16(q1));
@@ -62,11 +69,14 @@ unsafe fn nibbles2(q0: &[u8; 16], q1: &[u8; 16]) -> __m512i {
 /// 32 bytes of each of two arrays in one register.
 #[inline(always)]
 unsafe fn join32<T, const N: usize>(a: &[T; N], b: &[T; N]) -> __m512i {
+    // SAFETY: `load32` reads 32 bytes of each array, which has at least that many (checked at
+    // compile time in `load32`); `vinserti64x4` is AVX-512 F, which the caller enables.
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(a)), load32(b)) }
 }
 
 #[inline(always)]
 unsafe fn hsum512(v: __m512) -> f32 {
+    // SAFETY: AVX-512 F and AVX on registers only, which the caller enables.
     unsafe {
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
         hsum(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
@@ -96,6 +106,8 @@ macro_rules! pairs {
 pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     #[inline(always)]
     unsafe fn pair<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0], acc: __m512) -> __m512 {
+        // SAFETY: the pair's blocks are indexed with bounds checks and read only through their own
+        // fields; the instructions are AVX-512 F and BW and `D`'s, which the caller enables.
         unsafe {
             let (d, _) = scales2(x, y);
             let qx = _mm512_sub_epi8(nibbles2(&x[0].qs, &x[1].qs), _mm512_set1_epi8(8));
@@ -103,6 +115,8 @@ pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0])
             _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc)
         }
     }
+    // SAFETY: `pair` and the 32-byte step get the chunks and blocks the zipped iterators hand out;
+    // the caller enables AVX-512 F, BW, VL, AVX2, FMA, F16C and `D`'s set.
     unsafe { pairs!(x, y, pair::<D>, q4_0_step::<D>) }
 }
 // ANCHOR_END: q4_0
@@ -111,6 +125,8 @@ pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0])
 /// 4-lane accumulator.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+    // SAFETY: as in `vec_dot_q4_0_q8_0`: bounds-checked blocks, read through their own fields, and
+    // the caller's instruction sets.
     unsafe {
         let mut acc = _mm512_setzero_ps();
         let mut acc_m = _mm_setzero_ps();
@@ -144,6 +160,7 @@ pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1])
 pub(super) unsafe fn vec_dot_q5_0_q8_0<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     #[inline(always)]
     unsafe fn pair<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0], acc: __m512) -> __m512 {
+        // SAFETY: as in `vec_dot_q4_0_q8_0`'s `pair`.
         unsafe {
             let (d, _) = scales2(x, y);
             let bits =
@@ -155,6 +172,7 @@ pub(super) unsafe fn vec_dot_q5_0_q8_0<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0])
             _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc)
         }
     }
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { pairs!(x, y, pair::<D>, q5_0_step::<D>) }
 }
 
@@ -163,6 +181,7 @@ pub(super) unsafe fn vec_dot_q5_0_q8_0<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0])
 pub(super) unsafe fn vec_dot_q8_0_q8_0<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     #[inline(always)]
     unsafe fn pair<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0], acc: __m512) -> __m512 {
+        // SAFETY: as in `vec_dot_q4_0_q8_0`'s `pair`.
         unsafe {
             let (d, _) = scales2(x, y);
             let qx = join32(&x[0].qs, &x[1].qs);
@@ -170,23 +189,32 @@ pub(super) unsafe fn vec_dot_q8_0_q8_0<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0])
             _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc)
         }
     }
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { pairs!(x, y, pair::<D>, q8_0_step::<D>) }
 }
 
 /// 64 bytes of `s` from element `i` on.
 #[inline(always)]
 unsafe fn load64_at<T: Copy>(s: &[T], i: usize) -> __m512i {
+    const { assert!(64 % size_of::<T>() == 0) };
     let part = &s[i..i + 64 / size_of::<T>()];
+    // SAFETY: `part` is a bounds-checked slice of exactly 64 bytes (`T`'s size divides 64, checked
+    // at compile time above), and `vmovdqu64` needs no alignment; AVX-512 F is enabled by the
+    // caller.
     unsafe { _mm512_loadu_si512(part.as_ptr().cast()) }
 }
 
 /// 32 bytes of `s` at element `i` and 32 at element `j`, in one register.
 #[inline(always)]
 unsafe fn load2x32_at<T: Copy>(s: &[T], i: usize, j: usize) -> __m512i {
+    const { assert!(32 % size_of::<T>() == 0) };
     let (a, b) = (
         &s[i..i + 32 / size_of::<T>()],
         &s[j..j + 32 / size_of::<T>()],
     );
+    // SAFETY: `a` and `b` are bounds-checked slices of exactly 32 bytes each (`T`'s size divides
+    // 32, checked at compile time above); the loads need no alignment, and AVX-512 F is enabled by
+    // the caller.
     unsafe {
         let lo = _mm256_loadu_si256(a.as_ptr().cast());
         _mm512_inserti64x4::<1>(
@@ -199,6 +227,7 @@ unsafe fn load2x32_at<T: Copy>(s: &[T], i: usize, j: usize) -> __m512i {
 /// A `vpermw` index giving each 128-bit quarter of a register the 16-bit lane `q[k]`.
 #[inline(always)]
 unsafe fn quarters(q: [i16; 4]) -> __m512i {
+    // SAFETY: AVX-512 F and AVX on registers only, which the caller enables.
     unsafe {
         _mm512_inserti64x4::<1>(
             _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(q[1]), _mm_set1_epi16(q[0]))),
@@ -213,6 +242,9 @@ unsafe fn quarters(q: [i16; 4]) -> __m512i {
 /// activations are loaded in that order too.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_K_q8_K(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: every load is of a whole field of the zipped blocks or a bounds-checked part of one
+    // (`load64_at`, `load2x32_at`); the instructions are AVX-512 F and BW, AVX2, FMA and F16C,
+    // which the caller enables.
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = _mm512_setzero_ps();
@@ -255,6 +287,8 @@ pub(super) unsafe fn vec_dot_q4_K_q8_K(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 
 /// two bits from the same 32 `qh` bytes, loaded twice.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q6_K_q8_K(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
+    // SAFETY: as in `vec_dot_q4_K_q8_K`; the `qh` load reads 32 bytes from `x.qh[32h..]`, `h < 2`,
+    // inside its 64.
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
         let m3 = _mm512_set1_epi8(0x03);
@@ -311,6 +345,8 @@ pub(super) unsafe fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
         x.len(),
         y.len()
     );
+    // SAFETY: each 64-byte load starts at `64k`, `k < 4`, of a 256-byte chunk; the tail goes
+    // through the checked 32-byte kernel. AVX-512 F, AVX2, FMA and F16C are enabled by the caller.
     unsafe {
         let mut acc = [_mm512_setzero_ps(); 4];
         let (xs, ys) = (x.chunks_exact(256), y.chunks_exact(256));
