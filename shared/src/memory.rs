@@ -92,6 +92,10 @@ mod tests {
         let e = checked_bytes("the cache", &[("positions", 1 << 40), ("bytes", 1 << 20)]);
         let e = e.unwrap_err();
         assert_eq!(e.bytes, Some(1 << 60));
-        assert!(e.to_string().contains("positions 1099511627776 × bytes 1048576"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("positions 1099511627776 × bytes 1048576"),
+            "{e}"
+        );
     }
 }

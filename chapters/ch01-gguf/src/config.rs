@@ -220,10 +220,9 @@ impl Config {
         }
         let n_ff = k.count("feed_forward_length")?;
         let context_length = k.count("context_length")?;
-        let n_tokens = gguf.get("tokenizer.ggml.tokens").map(|_| {
-            gguf.get_array("tokenizer.ggml.tokens")
-                .map(|t| t.len())
-        });
+        let n_tokens = gguf
+            .get("tokenizer.ggml.tokens")
+            .map(|_| gguf.get_array("tokenizer.ggml.tokens").map(|t| t.len()));
         let vocab_size = match (gguf.get(&k.key("vocab_size")), n_tokens) {
             (Some(_), n_tokens) => {
                 let v = k.count("vocab_size")?;

@@ -63,18 +63,19 @@ fn explicit_keys_override_the_defaults() {
         .kv("llama.attention.key_length", Value::U32(32))
         .kv("llama.rope.dimension_count", Value::U32(32))
         .kv("llama.rope.freq_base", Value::F32(500000.0))
-        .kv("llama.vocab_size", Value::U32(7))
+        // Equal to the token list's length, as it must be.
+        .kv("llama.vocab_size", Value::U32(3))
         .kv("llama.rope.scaling.type", Value::String("yarn".into()))
         .kv("llama.rope.scaling.factor", Value::F32(4.0))
         .tensor(
             "output.weight",
-            &[64, 7],
+            &[64, 3],
             GgmlType::F32,
-            vec![0; 64 * 7 * 4],
+            vec![0; 64 * 3 * 4],
         );
     let c = config(b).unwrap();
     assert_eq!((c.n_head_kv, c.head_dim, c.rope_dim), (2, 32, 32));
-    assert_eq!((c.rope_freq_base, c.vocab_size), (500000.0, 7));
+    assert_eq!((c.rope_freq_base, c.vocab_size), (500000.0, 3));
     assert_eq!(
         c.rope_scaling,
         Some(RopeScaling {
@@ -187,7 +188,10 @@ fn float_values_outside_their_domain_name_key_and_value() {
         match config(b.kv(key, Value::F32(value))) {
             Err(e @ ConfigError::Invalid { .. }) => {
                 let msg = e.to_string();
-                assert!(msg.contains(key) && msg.contains(&value.to_string()), "{msg}");
+                assert!(
+                    msg.contains(key) && msg.contains(&value.to_string()),
+                    "{msg}"
+                );
             }
             other => panic!("{key} = {value}: expected Invalid, got {other:?}"),
         }
@@ -198,7 +202,10 @@ fn float_values_outside_their_domain_name_key_and_value() {
 fn counts_that_contradict_each_other_name_their_key() {
     let b = minimal().kv("llama.vocab_size", Value::U32(4));
     let e = config(b).unwrap_err();
-    assert!(e.to_string().contains("llama.vocab_size") && e.to_string().contains("3 tokens"), "{e}");
+    assert!(
+        e.to_string().contains("llama.vocab_size") && e.to_string().contains("3 tokens"),
+        "{e}"
+    );
     let mut b = minimal();
     b.kvs.retain(|(k, _)| k != "llama.context_length");
     let e = config(b.kv("llama.context_length", Value::U32(0))).unwrap_err();

@@ -246,7 +246,9 @@ pub fn run(
 /// Give `model` the context `--ctx` asks for (if it does), or say why it cannot have it.
 pub fn set_context(model: &mut Model, ctx: Option<usize>) -> Result<(), Box<dyn Error>> {
     if let Some(n) = ctx {
-        model.set_context(n).map_err(|e| format!("--ctx {n}: {e}"))?;
+        model
+            .set_context(n)
+            .map_err(|e| format!("--ctx {n}: {e}"))?;
     }
     Ok(())
 }

@@ -298,9 +298,9 @@ pub fn generate(
         let logits = match session.next_logits(&tokens, n_new) {
             Ok(logits) => logits,
             // The prompt fitted, the next token does not: stop cleanly, as llama.cpp does.
-            Err(ForwardError::Kv(KvError::Full { .. }) | ForwardError::PositionOutOfRange { .. })
-                if !generator.ids.is_empty() =>
-            {
+            Err(
+                ForwardError::Kv(KvError::Full { .. }) | ForwardError::PositionOutOfRange { .. },
+            ) if !generator.ids.is_empty() => {
                 on_text(&generator.end(StopReason::ContextFull));
                 break;
             }

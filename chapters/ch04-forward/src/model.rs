@@ -145,7 +145,11 @@ impl NonFinite {
 
 impl fmt::Display for NonFinite {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "the logits of generation step {} are not finite", self.step)?;
+        write!(
+            f,
+            "the logits of generation step {} are not finite",
+            self.step
+        )?;
         if let Some(t) = &self.tensor {
             write!(f, "; the first NaN or infinity appears in tensor {t:?}")?;
         }
@@ -244,7 +248,11 @@ fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
     let (n, layers) = (n_ctx as u64, cfg.n_layer as u64);
     checked_bytes(
         &format!("the RoPE table for a context of {n_ctx}"),
-        &[("positions", n), ("rotated dims", cfg.rope_dim as u64), ("bytes", f32_bytes)],
+        &[
+            ("positions", n),
+            ("rotated dims", cfg.rope_dim as u64),
+            ("bytes", f32_bytes),
+        ],
     )
     .and_then(|_| {
         checked_bytes(
@@ -457,7 +465,11 @@ impl Model {
         // (`NonFinite`); a quantized product could hide it, since quantizing activations to
         // Q8 turns NaN into 0. Checking d_model values per row costs nothing next to the
         // product.
-        for (x, logits) in s.sel.chunks_exact(d).zip(s.logits.chunks_exact_mut(cfg.vocab_size)) {
+        for (x, logits) in s
+            .sel
+            .chunks_exact(d)
+            .zip(s.logits.chunks_exact_mut(cfg.vocab_size))
+        {
             if x.iter().any(|v| !v.is_finite()) {
                 logits.fill(f32::NAN);
             }

@@ -68,7 +68,11 @@ impl ContiguousCache {
     ) -> Result<ContiguousCache, KvError> {
         let n = kv_floats(
             &format!("a KV cache of {capacity} positions"),
-            &[("layers", n_layer), ("positions", capacity), ("kv width", kv_dim)],
+            &[
+                ("layers", n_layer),
+                ("positions", capacity),
+                ("kv width", kv_dim),
+            ],
         )?;
         Ok(ContiguousCache {
             n_layer,

@@ -116,7 +116,8 @@ fn damage() -> impl Strategy<Value = Damage> {
         (0..KEYS.len()).prop_map(Damage::RemoveKey),
         any::<usize>().prop_map(Damage::DropTensor),
         (any::<usize>(), 0..4u64).prop_map(|(i, d)| Damage::Reshape(i, 32 * d)),
-        (any::<usize>(), 0..TYPES.len(), any::<u64>()).prop_map(|(i, t, s)| Damage::Retype(i, t, s)),
+        (any::<usize>(), 0..TYPES.len(), any::<u64>())
+            .prop_map(|(i, t, s)| Damage::Retype(i, t, s)),
     ]
 }
 
@@ -124,7 +125,9 @@ fn damage() -> impl Strategy<Value = Damage> {
 fn bytes(n: usize, mut seed: u64) -> Vec<u8> {
     (0..n)
         .map(|_| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) as u8
         })
         .collect()
@@ -199,7 +202,7 @@ fn build(s: &Shape, damages: &[Damage]) -> Vec<u8> {
             Damage::Reshape(i, d0) if n > 0 => tensors[i % n].1[0] = *d0,
             Damage::Retype(i, t, seed) if n > 0 => {
                 let t = TYPES[*t];
-                if tensors[i % n].1[0] % t.block_size() == 0 {
+                if tensors[i % n].1[0].is_multiple_of(t.block_size()) {
                     tensors[i % n].2 = t;
                     seeds[i % n] = seed | 1;
                 }

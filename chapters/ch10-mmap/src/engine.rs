@@ -4,17 +4,18 @@
 //! cache. The command line around it is chapter 4's.
 
 use crate::loader::ViewLoader;
-use crate::mapped::{MapOptions, PageAdvice, SharedBytes, map_gguf, read_gguf};
+use crate::mapped::{MapOptions, MappedFile, PageAdvice, SharedBytes, map_gguf, read_gguf};
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
-    ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf, GgufFile,
-    Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink,
-    StopReason, Tokenizer, new_pool,
+    ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf, GgufFile, Model,
+    PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink, StopReason,
+    Tokenizer, new_pool,
 };
 use clap::Parser;
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // ANCHOR: args
@@ -90,6 +91,8 @@ pub struct Engine {
     pub mode: LoadMode,
     /// Whether the matrices were repacked for chapter 8's micro-kernel (a private copy).
     pub repacked: bool,
+    /// The mapped file, when mapped: asked whether it changed when something goes wrong.
+    pub mapped: Option<Arc<MappedFile>>,
 }
 
 // ANCHOR: load
@@ -98,14 +101,20 @@ impl Engine {
     pub fn load(path: &Path, mode: LoadMode, fast: FastLoader) -> Result<Engine, Box<dyn Error>> {
         let t0 = Instant::now();
         let repacked = fast.pack && ch08::matrix::packs(&fast.kernels);
-        let (model, gguf) = match mode {
+        let (model, gguf, mapped) = match mode {
             LoadMode::Map(opts) => {
                 let (file, bytes) = map_gguf(path, &opts)?;
-                build(path, file, bytes, fast)?
+                let mapped = Arc::clone(bytes.owner());
+                // A file rewritten while we read it explains a failure better than the
+                // failure itself does.
+                let (model, gguf) = build(path, file, bytes, fast)
+                    .map_err(|e| mapped.check_unchanged().map_or_else(|c| c.into(), |()| e))?;
+                (model, gguf, Some(mapped))
             }
             LoadMode::Read => {
                 let (file, bytes) = read_gguf(path)?;
-                build(path, file, bytes, fast)?
+                let (model, gguf) = build(path, file, bytes, fast)?;
+                (model, gguf, None)
             }
         };
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| in_file(path, e))?;
@@ -117,9 +126,18 @@ impl Engine {
             load_time: t0.elapsed(),
             mode,
             repacked,
+            mapped,
         })
     }
     // ANCHOR_END: load
+
+    /// `e`, or — if the mapped file changed since it was mapped, the likelier cause — that.
+    pub fn explain(&self, e: Box<dyn Error>) -> Box<dyn Error> {
+        match self.mapped.as_ref().map(|m| m.check_unchanged()) {
+            Some(Err(changed)) => changed.into(),
+            _ => e,
+        }
+    }
 
     /// One line saying what was loaded and how.
     pub fn describe(&self, path: &Path) -> String {
@@ -301,7 +319,10 @@ impl Runner for Scheduled<'_> {
         })?;
         let mut sink = OneRequest { id, on_text };
         let done: Finished = loop {
-            let mut report = self.scheduler.step(&mut sink).map_err(|e| self.explain(e))?;
+            let mut report = self
+                .scheduler
+                .step(&mut sink)
+                .map_err(|e| self.explain(e))?;
             if let Some(i) = report.finished.iter().position(|f| f.id == id) {
                 break report.finished.swap_remove(i);
             }
@@ -363,5 +384,6 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
         (t0, engine.load_time),
         &mut runner,
     )
+    .map_err(|e| engine.explain(e))
 }
 // ANCHOR_END: run

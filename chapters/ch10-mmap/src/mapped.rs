@@ -632,6 +632,7 @@ mod bus_error {
         }
     }
 
+    // ANCHOR: on_bus_error
     extern "C" fn on_bus_error(signal: c_int, info: *mut libc::siginfo_t, _: *mut c_void) {
         // SAFETY: the kernel passes a valid `siginfo_t` to a handler installed with
         // SA_SIGINFO; `si_addr` is the faulting address for the fault codes checked below.
@@ -661,6 +662,7 @@ mod bus_error {
             unsafe { libc::raise(signal) };
         }
     }
+    // ANCHOR_END: on_bus_error
 }
 // ANCHOR_END: bus_error
 

@@ -85,6 +85,8 @@ struct Run {
 
 /// Run the engine's binary on `path` with `args`, greedy, 4 tokens, one thread; `stdin` fed
 /// and closed. Asserts the bounds on time and memory.
+// The child is reaped by wait4 (for its resource usage), which clippy does not see.
+#[allow(clippy::zombie_processes)]
 fn engine(path: &Path, args: &[&str], stdin: &str) -> Run {
     use std::io::{Read, Write};
     let t0 = Instant::now();
@@ -92,7 +94,11 @@ fn engine(path: &Path, args: &[&str], stdin: &str) -> Run {
         .arg("--model")
         .arg(path)
         .args(["--threads", "1", "--temp", "0"])
-        .args(if args.contains(&"-n") { &[][..] } else { &["-n", "4"][..] })
+        .args(if args.contains(&"-n") {
+            &[][..]
+        } else {
+            &["-n", "4"][..]
+        })
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -251,9 +257,9 @@ fn counts_that_disagree_with_the_tensors_are_errors() {
             &["llama.attention.key_length", "at least 1"],
         ),
         (
-            "llama.attention.key_length",
-            Value::U32(1 << 30),
-            &["attn_q.weight", "dimensions"],
+            "llama.feed_forward_length",
+            Value::U64(1 << 40),
+            &["blk.0.ffn_", "has dimensions [576, 1536]"],
         ),
         (
             "llama.vocab_size",
@@ -312,7 +318,6 @@ fn a_nan_in_a_matrix_is_an_error_naming_the_first_tensor_it_reaches() {
     for extra in [&[][..], &["--json"][..], &["--no-repack"][..]] {
         let args: Vec<&str> = extra.iter().copied().chain(["Hello"]).collect();
         let run = engine(&path, &args, "");
-        if std::env::var("KEEP").is_ok() { std::fs::copy(&path, "/tmp/nan.gguf").unwrap(); }
         fails_with(&run, &["not finite", "\"ffn_out-1\""]);
         assert!(run.stdout.is_empty(), "{}", run.stdout);
     }
@@ -349,7 +354,8 @@ fn the_context_filling_up_ends_generation_cleanly() {
 #[test]
 fn a_template_that_never_ends_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let looping = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+    let looping =
+        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
     let path = variant(
         dir.path(),
         "template",
@@ -373,7 +379,7 @@ fn a_huge_token_is_an_error_naming_it() {
                 panic!("the default model has a token list")
             };
             let mut tokens = tokens;
-            tokens[1000] = Value::String("a".repeat(64 << 20));
+            tokens[1000] = Value::String("a".repeat(1 << 20));
             w.set(
                 "tokenizer.ggml.tokens",
                 Value::Array(ValueType::String, tokens),

@@ -295,7 +295,11 @@ impl Gguf {
 
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        match self.tensor_index.get(name).and_then(|&i| self.tensors.get(i)) {
+        match self
+            .tensor_index
+            .get(name)
+            .and_then(|&i| self.tensors.get(i))
+        {
             Some(t) if t.name == name => Some(t),
             // `tensors` is public and may have been changed after parsing: scan.
             _ => self.tensors.iter().find(|t| t.name == name),
@@ -387,7 +391,13 @@ fn parse(bytes: &[u8]) -> Result<Gguf, ParseError> {
         file_len.saturating_sub(data_offset),
     )?;
 
-    Ok(Gguf::new(version, metadata, tensors, alignment, data_offset))
+    Ok(Gguf::new(
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    ))
 }
 // ANCHOR_END: parse
 
