@@ -91,8 +91,9 @@ fn dots(ty: GgmlType, w: &[f32], a: &[f32]) -> (f64, f64, Vec<f32>, Vec<f32>) {
 
 proptest! {
     // Failures print the minimal input; nothing is written into the source tree.
+    // Miri interprets every operation, thousands of times slower: a few cases there.
     #![proptest_config(ProptestConfig {
-        cases: 400,
+        cases: if cfg!(miri) { 4 } else { 400 },
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

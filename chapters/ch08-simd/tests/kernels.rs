@@ -55,17 +55,30 @@ fn sum_order_tolerance(chain: usize, magnitude: f64) -> f64 {
 // Sizes and configuration
 
 /// Block counts for the types with blocks of 32: loop tails around 1, 2, 4, 8, 16 and 32.
+#[cfg(not(miri))]
 const LEGACY_BLOCKS: [usize; 20] = [
     1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 255, 511, 1023,
 ];
 /// Super-block counts for the k-quants (256 weights each), up to 128 (32768 weights).
+#[cfg(not(miri))]
 const K_BLOCKS: [usize; 19] = [
     1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128,
 ];
 /// Element counts for F32, F16 and BF16 rows (no blocks: any length).
+#[cfg(not(miri))]
 const FLOAT_ELEMS: [usize; 26] = [
     1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 257, 511, 1023,
     4095, 4096, 32735,
+];
+// Miri interprets every operation, thousands of times slower: every kind of tail, on short
+// rows (float kernels take 32 vectors of 8 or 16 lanes a step, hence the longer counts).
+#[cfg(miri)]
+const LEGACY_BLOCKS: [usize; 9] = [1, 2, 3, 5, 7, 8, 9, 17, 33];
+#[cfg(miri)]
+const K_BLOCKS: [usize; 4] = [1, 2, 3, 5];
+#[cfg(miri)]
+const FLOAT_ELEMS: [usize; 17] = [
+    1, 2, 3, 5, 7, 8, 9, 15, 17, 31, 33, 65, 129, 255, 257, 513, 1031,
 ];
 
 fn config(default_cases: u32) -> Config {
