@@ -310,3 +310,12 @@ mod fuzz {
         }
     }
 }
+
+/// Found by the coverage-guided `config` fuzz target (`scripts/fuzz`): heads and head width of
+/// 2^32 each, whose product overflowed in `Config::kv_dim`. Now refused where it is read.
+#[test]
+fn fuzz_regression_head_width_products_that_overflow() {
+    let bytes = include_bytes!("../../../fuzz/regressions/config/kv-dim-overflow");
+    let e = Config::from_gguf(&Gguf::parse(bytes).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("overflow"), "{e}");
+}

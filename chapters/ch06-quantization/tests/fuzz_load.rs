@@ -157,8 +157,13 @@ fn build(s: &Shape, damages: &[Damage]) -> Vec<u8> {
     set("llama.rope.freq_base", Value::F32(10000.0));
     set("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
     set("tokenizer.ggml.model", Value::String("gpt2".into()));
-    let tokens = (0..s.vocab)
-        .map(|i| Value::String(format!("t{i}")))
+    set("tokenizer.ggml.pre", Value::String("smollm".into()));
+    // "a", "b", "ab" and one merge that makes the third of the first two, then "t0", "t1", …
+    let tokens = ["a", "b", "ab"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..s.vocab - 3).map(|i| format!("t{i}")))
+        .map(Value::String)
         .collect();
     set(
         "tokenizer.ggml.tokens",
@@ -166,7 +171,7 @@ fn build(s: &Shape, damages: &[Damage]) -> Vec<u8> {
     );
     set(
         "tokenizer.ggml.merges",
-        Value::Array(ValueType::String, vec![]),
+        Value::Array(ValueType::String, vec![Value::String("a b".into())]),
     );
     let vocab = s.vocab as u64;
     let mut tensors: Vec<(String, Vec<u64>, GgmlType)> = vec![
@@ -291,6 +296,7 @@ fn undamaged_models_load_and_stop_at_the_context_end() {
     let mut model = Model::load(&file, &DenseLoader).unwrap();
     model.set_context(8).unwrap();
     let tok = Tokenizer::from_gguf(&file.gguf).unwrap();
+    assert_eq!(tok.encode("ab", false, false), [2]);
     let params = GenParams {
         max_tokens: 100,
         sampler: SamplerParams {

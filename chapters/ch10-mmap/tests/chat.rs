@@ -5,7 +5,7 @@
 use ch10::ch08::sampling::SamplerParams;
 use ch10::cli::{Chat, Runner};
 use ch10::engine::{Engine, LoadMode, Scheduled};
-use ch10::{FastLoader, GenParams, MapOptions, PoolKind, Request, Sink, new_pool};
+use ch10::{FastLoader, GenParams, MapOptions, PoolKind, Request, Sink, StopReason, new_pool};
 use std::sync::OnceLock;
 
 /// Chapter 8's matrices over the file's own rows (no repacking), on one thread: the same
@@ -142,6 +142,10 @@ fn a_prompt_longer_than_the_context_is_refused_and_generation_stops_when_it_is_f
         .unwrap();
     // 12 prompt positions, then 4 fed back, and the last token needs none.
     assert!(g.ids.len() <= 5, "{} tokens", g.ids.len());
+    if g.ids.len() == 5 {
+        assert_eq!(g.stop, StopReason::ContextFull);
+    }
+    // The pool cannot be larger than the model's run context (4096 unless set).
     let err = Scheduled::new(e, 100_000, 1).err().unwrap().to_string();
-    assert!(err.contains("--ctx 100000"), "{err}");
+    assert!(err.contains("100000") && err.contains("4096"), "{err}");
 }
