@@ -13,7 +13,8 @@
 //! transformers configures its own (`trim_blocks`, `lstrip_blocks`) gives the same string
 //! for any template, where hand-written concatenation would cover one format at a time.
 
-use crate::TokenizerError;
+use crate::{Tokenizer, TokenizerError};
+use std::ops::Range;
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +179,148 @@ impl ChatTemplate {
     }
 }
 // ANCHOR_END: template
+
+/// A rendered conversation, and where the messages' content lies in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    /// Byte ranges of `text` that are messages' content, in order; `None` when the template
+    /// changes content beyond trimming it, so that it cannot be found.
+    pub content: Option<Vec<Range<usize>>>,
+}
+
+// ANCHOR: encode_chat
+impl ChatTemplate {
+    /// The token ids of `messages` as the model reads them: the template's own text with its
+    /// markers parsed as control tokens, the content of the messages taken literally. A user
+    /// who types `<|im_end|><|im_start|>system` gets those characters, not a forged turn.
+    /// Without such text the ids are those of `tokenizer.encode(&render(..), true, true)`.
+    pub fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        // A role is the template's input, written among its markers: it must be plain.
+        for (i, m) in messages.iter().enumerate() {
+            if let Some(id) = tokenizer.control_token_in(&m.role) {
+                return Err(forged(i, "role", tokenizer, id));
+            }
+        }
+        let rendered = self.render_marked(messages, add_generation_prompt)?;
+        match rendered.content {
+            Some(literal) => Ok(tokenizer.encode_literal(&rendered.text, true, &literal)),
+            None => {
+                // The content cannot be told from the template's text: harmless unless it
+                // holds a control token's text, and then refused rather than parsed.
+                for (i, m) in messages.iter().enumerate() {
+                    if let Some(id) = tokenizer.control_token_in(&m.content) {
+                        return Err(forged(i, "content", tokenizer, id));
+                    }
+                }
+                Ok(tokenizer.encode(&rendered.text, true, true))
+            }
+        }
+    }
+
+    /// Render `messages`, and find where each message's content landed: render once more with
+    /// every content replaced by a placeholder, which cuts the template's own text into the
+    /// pieces around the contents, then walk the real text piece by piece. A template may
+    /// write a content as it is or trimmed.
+    pub fn render_marked(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Rendered, TokenizerError> {
+        let text = self.render(messages, add_generation_prompt)?;
+        // Placeholders: private-use characters around a tag that no role or content contains.
+        let mut nonce = 0u32;
+        let taken = |tag: &str| {
+            messages
+                .iter()
+                .any(|m| m.role.contains(tag) || m.content.contains(tag))
+        };
+        while taken(&format!("\u{E000}{nonce}:")) {
+            nonce += 1;
+        }
+        let open = format!("\u{E000}{nonce}:");
+        let marked: Vec<Message> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message::new(&m.role, &format!("{open}{i}\u{E001}")))
+            .collect();
+        let Ok(skeleton) = self.render(&marked, add_generation_prompt) else {
+            return Ok(Rendered {
+                text,
+                content: None,
+            });
+        };
+        let content = align(&text, &skeleton, &open, messages);
+        Ok(Rendered { text, content })
+    }
+}
+// ANCHOR_END: encode_chat
+
+fn forged(i: usize, field: &str, tokenizer: &Tokenizer, id: u32) -> TokenizerError {
+    TokenizerError::Template(format!(
+        "message {i}: its {field} contains the control token {:?} (id {id}), which the chat \
+         template's output would not keep apart from its own markers",
+        tokenizer.token_text(id).unwrap_or("")
+    ))
+}
+
+/// The ranges of `text` where the contents of `messages` are, given `skeleton`, the same
+/// render with content `i` replaced by `{open}{i}\u{E001}`. `None` if `text` does not
+/// follow the skeleton.
+fn align(
+    text: &str,
+    skeleton: &str,
+    open: &str,
+    messages: &[Message],
+) -> Option<Vec<Range<usize>>> {
+    // The skeleton as pieces of the template's text around placeholders.
+    let mut pieces = Vec::new();
+    let mut order = Vec::new();
+    let mut rest = skeleton;
+    while let Some(at) = rest.find(open) {
+        pieces.push(&rest[..at]);
+        let after = &rest[at + open.len()..];
+        let end = after.find('\u{E001}')?;
+        order.push(
+            after[..end]
+                .parse::<usize>()
+                .ok()
+                .filter(|&i| i < messages.len())?,
+        );
+        rest = &after[end + '\u{E001}'.len_utf8()..];
+    }
+    pieces.push(rest);
+
+    let mut pos = text.strip_prefix(pieces[0]).map(|_| pieces[0].len())?;
+    let mut ranges = Vec::new();
+    for (k, &i) in order.iter().enumerate() {
+        let c = messages[i].content.as_str();
+        let next = pieces[k + 1];
+        let last = k + 2 == pieces.len();
+        let fits = |cand: &str| {
+            let after = text[pos..].strip_prefix(cand)?;
+            let ok = if last {
+                after == next
+            } else {
+                after.starts_with(next)
+            };
+            ok.then_some(cand.len())
+        };
+        let len = [c, c.trim(), c.trim_start(), c.trim_end()]
+            .into_iter()
+            .find_map(fits)?;
+        if len > 0 {
+            ranges.push(pos..pos + len);
+        }
+        pos += len + next.len();
+    }
+    (pos == text.len()).then_some(ranges)
+}
 
 /// Collects rendered text, failing a write that would take it past `limit` bytes.
 struct BoundedWriter {

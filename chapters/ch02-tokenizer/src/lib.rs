@@ -46,7 +46,7 @@ mod unicode_data;
 pub mod vocab;
 
 pub use ch01;
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatTemplate, Message, Rendered};
 pub use error::TokenizerError;
 pub use pretokenize::{PreTokenizer, RegexSplitter};
 pub use tokenizer::{Split, StreamDecoder, Tokenizer};

@@ -34,6 +34,25 @@ pub fn partition(
     text: &str,
     parse_special: bool,
 ) -> Vec<Fragment> {
+    let everything = 0..text.len();
+    let literal: &[Range<usize>] = if parse_special {
+        &[]
+    } else {
+        std::slice::from_ref(&everything)
+    };
+    partition_literal(vocab, specials, text, literal)
+}
+
+/// [`partition`] with control and unknown tokens recognised everywhere except where they
+/// overlap a range of `literal` (byte ranges, sorted, not overlapping). A chat prompt is
+/// the template's text, whose markers are tokens, around the messages' content, which is
+/// the user's: `<|im_end|>` typed in a message stays eleven characters.
+pub fn partition_literal(
+    vocab: &Vocab,
+    specials: &[u32],
+    text: &str,
+    literal: &[Range<usize>],
+) -> Vec<Fragment> {
     let mut fragments = if text.is_empty() {
         vec![]
     } else {
@@ -41,10 +60,14 @@ pub fn partition(
     };
     for &id in specials {
         let attr = vocab.attrs[id as usize];
-        if !parse_special && attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN) {
+        let may_be_literal = attr.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN);
+        if may_be_literal && literal.iter().any(|r| r.start == 0 && r.end >= text.len()) {
             continue;
         }
         let needle = vocab.tokens[id as usize].as_str();
+        let Some(first) = needle.chars().next() else {
+            continue;
+        };
         let mut next = Vec::with_capacity(fragments.len());
         for fragment in fragments {
             let Fragment::Text(range) = fragment else {
@@ -52,8 +75,18 @@ pub fn partition(
                 continue;
             };
             let (mut start, end) = (range.start, range.end);
-            while let Some(at) = text[start..end].find(needle) {
-                let at = start + at;
+            let mut from = start;
+            while let Some(at) = text[from..end].find(needle) {
+                let at = from + at;
+                let found = at..at + needle.len();
+                if may_be_literal
+                    && literal
+                        .iter()
+                        .any(|r| r.start < found.end && found.start < r.end)
+                {
+                    from = at + first.len_utf8(); // the user's text: look further on
+                    continue;
+                }
                 let mut left_end = at;
                 if attr.has(TokenAttr::LSTRIP) {
                     while left_end > start && text.as_bytes()[left_end - 1].is_ascii_whitespace_c()
@@ -65,12 +98,13 @@ pub fn partition(
                     next.push(Fragment::Text(start..left_end));
                 }
                 next.push(Fragment::Token(id));
-                start = at + needle.len();
+                start = found.end;
                 if attr.has(TokenAttr::RSTRIP) {
                     while start < end && text.as_bytes()[start].is_ascii_whitespace_c() {
                         start += 1;
                     }
                 }
+                from = start;
             }
             if start < end {
                 next.push(Fragment::Text(start..end));

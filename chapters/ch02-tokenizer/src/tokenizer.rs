@@ -4,7 +4,7 @@ use crate::TokenizerError;
 use crate::bpe::{Bpe, PairHasher, Scratch};
 use crate::decode::{can_clean_separately, clean_spaces, take_utf8, token_piece};
 use crate::pretokenize::{PreTokenizer, RegexSplitter};
-use crate::special::{Fragment, partition, special_tokens};
+use crate::special::{Fragment, partition_literal, special_tokens};
 use crate::spm;
 use crate::vocab::{TokenAttr, Vocab, VocabKind};
 use std::collections::HashSet;
@@ -116,6 +116,18 @@ impl Tokenizer {
             .is_some_and(|a| a.has(TokenAttr::CONTROL))
     }
 
+    /// The first control or unknown token whose text occurs in `text`: what a user typing
+    /// `<|im_end|>` into a message would forge if the text were parsed for special tokens.
+    pub fn control_token_in(&self, text: &str) -> Option<u32> {
+        let control = TokenAttr::CONTROL | TokenAttr::UNKNOWN;
+        partition_literal(&self.vocab, &self.specials, text, &[])
+            .into_iter()
+            .find_map(|f| match f {
+                Fragment::Token(id) if self.vocab.attrs[id as usize].has(control) => Some(id),
+                _ => None,
+            })
+    }
+
     /// The text of token `id` as stored in the vocabulary (`"Ġthe"`, `"▁the"`, `"<0x0A>"`).
     pub fn token_text(&self, id: u32) -> Option<&str> {
         self.vocab.tokens.get(id as usize).map(String::as_str)
@@ -135,9 +147,28 @@ impl Tokenizer {
     /// Token ids of `text`. `add_special` adds BOS/EOS where the vocabulary asks for them;
     /// `parse_special` lets control tokens written in the text (`<|im_start|>`) become tokens.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let everything = 0..text.len();
+        let literal: &[Range<usize>] = if parse_special {
+            &[]
+        } else {
+            std::slice::from_ref(&everything)
+        };
+        self.encode_literal(text, add_special, literal)
+    }
+
+    /// [`Tokenizer::encode`] with control tokens parsed everywhere except in the byte ranges
+    /// `literal` (sorted, not overlapping), whose text is taken as it is. Text on both sides of
+    /// a range's edge is tokenized as one piece, as if the ranges were not there, so an
+    /// innocent text gets exactly the tokens `encode` gives it.
+    pub fn encode_literal(
+        &self,
+        text: &str,
+        add_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
         match &self.bpe {
-            Some((pre, _)) => self.encode_with(pre, text, add_special, parse_special),
-            None => self.encode_spm(text, add_special, parse_special),
+            Some((pre, _)) => self.encode_parts(pre, text, add_special, literal),
+            None => self.encode_spm(text, add_special, literal),
         }
     }
 
@@ -149,8 +180,24 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Vec<u32> {
+        let everything = 0..text.len();
+        let literal: &[Range<usize>] = if parse_special {
+            &[]
+        } else {
+            std::slice::from_ref(&everything)
+        };
+        self.encode_parts(splitter, text, add_special, literal)
+    }
+
+    fn encode_parts(
+        &self,
+        splitter: &dyn Split,
+        text: &str,
+        add_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
         let Some((_, bpe)) = &self.bpe else {
-            return self.encode_spm(text, add_special, parse_special);
+            return self.encode_spm(text, add_special, literal);
         };
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3);
@@ -159,7 +206,7 @@ impl Tokenizer {
         }
         let mut words = Vec::new();
         let mut scratch = Scratch::default();
-        for fragment in partition(v, &self.specials, text, parse_special) {
+        for fragment in partition_literal(v, &self.specials, text, literal) {
             match fragment {
                 Fragment::Token(id) => out.push(id),
                 Fragment::Text(range) => {
@@ -178,7 +225,7 @@ impl Tokenizer {
         out
     }
 
-    fn encode_spm(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+    fn encode_spm(&self, text: &str, add_special: bool, literal: &[Range<usize>]) -> Vec<u32> {
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3);
         if add_special && v.add_bos {
@@ -187,7 +234,7 @@ impl Tokenizer {
         // A space goes in front of the text, and of text after a special token: SentencePiece
         // was trained on words that carry their leading space.
         let mut after_special = true;
-        for fragment in partition(v, &self.specials, text, parse_special) {
+        for fragment in partition_literal(v, &self.specials, text, literal) {
             match fragment {
                 Fragment::Token(id) => {
                     out.push(id);

@@ -365,9 +365,10 @@ impl<'a> Chat<'a> {
     }
 
     /// The token ids of the conversation so far, ending with the header of an assistant turn.
+    /// What the user typed is text: `<|im_end|>` in a message is characters, not the marker
+    /// (chapter 2's [`ChatTemplate::encode`]).
     pub fn prompt_ids(&self) -> Result<Vec<u32>, Box<dyn Error>> {
-        let text = self.template.render(&self.messages, true)?;
-        Ok(self.tokenizer.encode(&text, true, true))
+        Ok(self.template.encode(self.tokenizer, &self.messages, true)?)
     }
 
     // ANCHOR: turn

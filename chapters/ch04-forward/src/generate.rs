@@ -70,16 +70,21 @@ pub enum StopReason {
     /// The context is full: the next token would need a position the KV cache (or the RoPE
     /// table) does not have. llama.cpp stops there too.
     ContextFull,
+    /// Ended from outside before any of the above: a server's client went away, or the
+    /// request ran out of time.
+    Cancelled,
 }
 
 impl StopReason {
-    /// The name used in `--json` and by the server: `eog`, `stop`, `length`, `context`.
+    /// The name used in `--json` and by the server: `eog`, `stop`, `length`, `context`,
+    /// `cancelled`.
     pub fn name(self) -> &'static str {
         match self {
             StopReason::EndOfGeneration => "eog",
             StopReason::StopString => "stop",
             StopReason::MaxTokens => "length",
             StopReason::ContextFull => "context",
+            StopReason::Cancelled => "cancelled",
         }
     }
 }

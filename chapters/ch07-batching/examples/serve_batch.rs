@@ -139,9 +139,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Message::new("system", &args.system),
             Message::new("user", p),
         ];
-        let text = template.render(&messages, true)?;
         requests.push(Request {
-            prompt: tok.encode(&text, true, true),
+            prompt: template.encode(&tok, &messages, true)?,
             params: GenParams {
                 max_tokens: args.n,
                 sampler: SamplerParams {

@@ -704,6 +704,20 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         }
     }
 
+    // ANCHOR: cancel
+    /// End request `id` now, wherever it is: waiting, reading its prompt or decoding. Its slot
+    /// and KV blocks are free before the next step (the full blocks it computed go to the
+    /// prefix cache, as at any end). Returns its report, stopped as
+    /// [`StopReason::Cancelled`] unless it had already stopped, or `None` if no unfinished
+    /// request has that id.
+    pub fn cancel(&mut self, id: RequestId) -> Option<Finished> {
+        let i = self.seqs.iter().position(|s| s.id == id)?;
+        let s = &mut self.seqs[i];
+        s.out.stop.get_or_insert(StopReason::Cancelled);
+        Some(self.retire(i))
+    }
+    // ANCHOR_END: cancel
+
     /// Remove finished requests, freeing their slots (their blocks go to the prefix cache).
     fn retire_finished(&mut self, report: &mut StepReport) {
         let mut i = 0;
@@ -712,25 +726,31 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 i += 1;
                 continue;
             }
-            self.offer_to_prefix_cache(i);
-            let s = self.seqs.remove(i);
-            if let Some(slot) = s.slot {
-                self.kv.free(slot);
-                self.free_slots.push(slot);
-            }
-            let latency = s.submitted.elapsed();
-            report.finished.push(Finished {
-                id: s.id,
-                prompt_len: s.prompt_len,
-                text: s.out.text().to_string(),
-                stop: s.out.stop.unwrap_or(StopReason::MaxTokens),
-                ids: s.out.ids,
-                cached_tokens: s.cached_tokens,
-                computed_tokens: s.computed_tokens,
-                preemptions: s.preemptions,
-                ttft: s.ttft.unwrap_or(latency),
-                latency,
-            });
+            let done = self.retire(i);
+            report.finished.push(done);
+        }
+    }
+
+    /// Remove `seqs[i]`, freeing its slot (its blocks go to the prefix cache).
+    fn retire(&mut self, i: usize) -> Finished {
+        self.offer_to_prefix_cache(i);
+        let s = self.seqs.remove(i);
+        if let Some(slot) = s.slot {
+            self.kv.free(slot);
+            self.free_slots.push(slot);
+        }
+        let latency = s.submitted.elapsed();
+        Finished {
+            id: s.id,
+            prompt_len: s.prompt_len,
+            text: s.out.text().to_string(),
+            stop: s.out.stop.unwrap_or(StopReason::MaxTokens),
+            ids: s.out.ids,
+            cached_tokens: s.cached_tokens,
+            computed_tokens: s.computed_tokens,
+            preemptions: s.preemptions,
+            ttft: s.ttft.unwrap_or(latency),
+            latency,
         }
     }
 }

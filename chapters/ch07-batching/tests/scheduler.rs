@@ -17,7 +17,7 @@
 use ch07::ch03::attention::reserve_batch;
 use ch07::{
     Batch, BatchModel, ForwardError, GenParams, GgufFile, KvStore, KvView, PagedCache, Request,
-    SamplerParams, Scheduler, SchedulerConfig, Session, Sink, Tokenizer, generate,
+    SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer, generate,
 };
 use proptest::prelude::*;
 use std::cell::RefCell;
@@ -329,4 +329,72 @@ fn impossible_requests_are_refused_up_front() {
         ..config
     };
     assert!(Scheduler::new(&model, tokenizer(), bad).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Cancelling requests at any moment — waiting, mid-prompt, decoding — frees their slots
+    /// and blocks at once and changes nothing for the others.
+    #[test]
+    fn cancelled_requests_free_their_blocks_and_change_nobody_else(
+        mut reqs in prop::collection::vec(req(), 1..9),
+        cancel_at in prop::collection::vec(prop::option::of(0usize..12), 9),
+        budget in 1usize..24,
+        running in 1usize..7,
+        block_size in 1usize..6,
+        spare_blocks in 0usize..16,
+    ) {
+        reqs.sort_by_key(|r| r.arrival);
+        let tok = tokenizer();
+        let need = |r: &Req| (r.prompt.len() + r.params.max_tokens).div_ceil(block_size);
+        let n_blocks = reqs.iter().map(need).max().unwrap() + spare_blocks;
+        let config = SchedulerConfig {
+            max_batch_tokens: budget,
+            max_running: running.min(budget),
+            block_size,
+            n_blocks,
+            prefix_cache: true,
+        };
+        let model = FakeModel::default();
+        let mut s = Scheduler::new(&model, tok, config).unwrap();
+        let mut sink = Collect::default();
+        let mut finished = HashMap::new();
+        let mut cancelled = HashMap::new();
+        let mut submitted = 0;
+        while submitted < reqs.len() || !s.is_idle() {
+            while submitted < reqs.len() && reqs[submitted].arrival <= s.stats().steps {
+                let r = &reqs[submitted];
+                s.submit(Request { prompt: r.prompt.clone(), params: r.params.clone() }).unwrap();
+                submitted += 1;
+            }
+            for id in 0..submitted {
+                let due = cancel_at[id].is_some_and(|at| reqs[id].arrival + at <= s.stats().steps);
+                if due && !finished.contains_key(&id) && !cancelled.contains_key(&id) {
+                    let f = s.cancel(id).expect("an unfinished request can be cancelled");
+                    // One that had already stopped (max_tokens 0) keeps its reason.
+                    prop_assert!(f.stop == StopReason::Cancelled || reqs[id].params.max_tokens == 0);
+                    prop_assert!(!s.running_slots().iter().any(|&(r, _)| r == id));
+                    check_references(&s)?;
+                    cancelled.insert(id, f);
+                }
+            }
+            for f in s.step(&mut sink).unwrap().finished {
+                finished.insert(f.id, f);
+            }
+            check_references(&s)?;
+        }
+        prop_assert!(s.cancel(0).is_none(), "nothing is left to cancel");
+        for (id, r) in reqs.iter().enumerate() {
+            let want = generate(&mut FakeSession(Vec::new()), tok, &r.prompt, &r.params, &mut |_| {}).unwrap();
+            if let Some(f) = cancelled.get(&id) {
+                // What it made before it was cancelled is the beginning of what it would make.
+                prop_assert!(want.ids.starts_with(&f.ids), "request {}: tokens", id);
+            } else {
+                prop_assert_eq!(&finished[&id].ids, &want.ids, "request {}: tokens", id);
+            }
+        }
+        s.clear_prefix_cache();
+        prop_assert_eq!(s.kv().allocator.n_free(), n_blocks, "every block is free at the end");
+    }
 }

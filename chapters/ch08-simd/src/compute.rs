@@ -40,9 +40,13 @@ pub const Q_ROWS: usize = 8;
 /// 32 keys of 64 values are 8 KiB of keys and 8 KiB of values, which with the queries,
 /// accumulators and scores (3 KiB) fits a 32 KiB L1; 64 keys measured slower on a 48 KiB one.
 pub const KEY_TILE: usize = 32;
-/// Units of attention work per thread to aim for, so that a thread that is descheduled for a
-/// moment leaves its share to the others (as the products do).
-const UNITS_PER_THREAD: usize = 4;
+/// Keys per segment of attention work: each segment of a query's keys is a unit of its own,
+/// merged with the others at the end. Segments start at multiples of this (a multiple of
+/// [`KEY_TILE`]) whatever the batch, so results do not depend on the batch. 256 keeps a
+/// decoded token's attention on several threads from position 256 on (earlier it is a small
+/// part of the step), and a 256-token prompt chunk at position 4096 in 16 segments, whose
+/// partials take 10 MB.
+pub const KEY_SEGMENT: usize = 256;
 /// Rows (tokens) below which RMSNorm and RoPE run on the calling thread: waking the pool costs
 /// more than the work.
 const PAR_ROWS: usize = 16;
@@ -677,30 +681,32 @@ impl AttentionOps for SimdCompute {
             let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
             t.reserve(Q_ROWS * group, attn.head_dim, Q_ROWS);
         }
+        // The keys are cut into segments at fixed positions, multiples of KEY_SEGMENT, each
+        // segment a unit of work of its own (flash-decoding): a decoded token's keys keep
+        // several threads busy. Fixed positions, not a split chosen by how busy the threads
+        // are, so that a query's result never depends on the other queries of the call, on
+        // how its prompt was chunked, or on the number of threads: a request computes the
+        // same bits alone or in any batch (chapter 11 relies on it).
+        let first_seg = lo / KEY_SEGMENT;
+        let splits = if hi > lo {
+            hi.div_ceil(KEY_SEGMENT) - first_seg
+        } else {
+            1
+        };
         let units = n_kvh * row_blocks;
-        let want = UNITS_PER_THREAD * self.pool.threads();
         {
-            // Room for the largest split there can be — keys are split only while there are
-            // fewer than `want` units, so for at most `want / n_kvh` row blocks, in at most
-            // `want` splits — reserved on every call, before the first split is needed, so that
-            // the decode step at which splitting starts does not allocate.
-            let max_rows = (want / n_kvh).max(1) * Q_ROWS;
-            let most = want * max_rows * attn.n_head * (2 + attn.head_dim);
+            // Room for this call's partials, and at least for a decoded token's at the end of
+            // the context, so that decode steps never allocate.
+            let per_row = attn.n_head * (2 + attn.head_dim);
+            let decode = attn.rope.n_pos().div_ceil(KEY_SEGMENT) * per_row;
+            let most = (splits * n * per_row).max(decode);
             let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
             let have = parts.len();
             parts.reserve(most.saturating_sub(have));
         }
-        // Split the keys when there are too few units to keep the threads busy (decoding).
-        let splits = if self.pool.threads() > 1 && units < want {
-            want.div_ceil(units)
-                .min((hi - lo).div_ceil(KEY_TILE))
-                .max(1)
-        } else {
-            1
-        };
         let key_range = |s: usize| {
-            let span = hi - lo;
-            lo + span * s / splits..lo + span * (s + 1) / splits
+            let seg = first_seg + s;
+            (seg * KEY_SEGMENT).max(lo)..((seg + 1) * KEY_SEGMENT).min(hi)
         };
         let unit = |u: usize, dst: Dest| {
             let (s, rest) = (u % splits, u / splits);
@@ -839,6 +845,76 @@ mod tests {
         let q = vec![1.0; 3 * a.q_dim()];
         let mut out = vec![0.0; 2 * a.q_dim()];
         compute().attend(&a, &q, &tokens, &EmptyRuns, &mut out);
+    }
+
+    /// Keys and values of `n` positions, pseudo-random, one KV head of 64.
+    struct Store(Vec<f32>, Vec<f32>);
+
+    impl Store {
+        fn new(n: usize) -> Store {
+            let mut x = 1u64;
+            let mut next = move || {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            };
+            Store(
+                (0..n * 64).map(|_| next()).collect(),
+                (0..n * 64).map(|_| next()).collect(),
+            )
+        }
+    }
+
+    impl KvView for Store {
+        fn key(&self, pos: usize) -> &[f32] {
+            &self.0[pos * 64..(pos + 1) * 64]
+        }
+        fn value(&self, pos: usize) -> &[f32] {
+            &self.1[pos * 64..(pos + 1) * 64]
+        }
+    }
+
+    /// A query's attention is the same bits whether it comes alone (a decode step) or among
+    /// others (a prompt chunk of any length), on one thread or several: the key segments are
+    /// fixed positions. A server relies on it for a request to answer the same in any batch.
+    #[test]
+    fn a_querys_result_does_not_depend_on_its_batch_or_the_threads() {
+        let a = Attention {
+            rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
+            ..attention()
+        };
+        let (n, qd) = (700, a.q_dim());
+        let kv = Store::new(n);
+        let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect(); // (n, 2 heads, 64)
+        let run = |threads: usize, rows: std::ops::Range<usize>| {
+            let c = SimdCompute::new(&KernelSet::best(), Arc::new(SpinPool::new(threads)));
+            let mut out = vec![0.0; rows.len() * qd];
+            let tokens = TokenPos::run(0, rows.start, rows.len());
+            c.attend(
+                &a,
+                &q[rows.start * qd..rows.end * qd],
+                &tokens,
+                &kv,
+                &mut out,
+            );
+            out
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let chunk = run(2, 600..700);
+        for (i, row) in [(0, 600), (50, 650), (99, 699)] {
+            let alone = run(1, row..row + 1);
+            assert_eq!(
+                bits(&alone),
+                bits(&run(2, row..row + 1)),
+                "row {row}: threads"
+            );
+            assert_eq!(
+                bits(&alone),
+                bits(&chunk[i * qd..(i + 1) * qd]),
+                "row {row}: batch"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,620 @@
+//! The OpenAI API as JSON: the requests the server accepts, the responses and stream chunks it
+//! sends, and its errors — with llama-server's extensions (`top_k`, `min_p`,
+//! `repeat_penalty`) and its defaults where OpenAI's API says nothing.
+//!
+//! A request is parsed in two steps: serde reads the JSON into the types below (a malformed
+//! body or a wrong type is a 400 naming line, column and field), then [`Sampling::params`]
+//! checks the values and turns them into chapter 4's [`GenParams`].
+
+use ch10::{GenParams, Message, SamplerParams, StopReason};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Most stop strings a request may give (OpenAI allows 4).
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes: a stop string is matched against the streamed text at every
+/// token, so its length is work per token.
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// The sampling and length fields common to both endpoints. Fields OpenAI defines that the
+/// engine cannot honour are refused by name rather than ignored.
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub model: Option<String>,
+    /// Negative is no limit but the context's, as llama-server's `n_predict = -1`.
+    pub max_tokens: Option<i64>,
+    /// The chat endpoint's newer name for `max_tokens`.
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub n: Option<u64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logprobs: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    /// A string, a list of parts (`{"type": "text", "text": …}`), or null (an assistant turn
+    /// that only called tools).
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub echo: bool,
+    pub suffix: Option<String>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// `prompt`: a string, a list of one string, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+/// The roles a message may have. The role is written among the template's markers, so it is
+/// never free text.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+impl ChatRequest {
+    /// The conversation as chapter 2's messages. `developer` is OpenAI's newer name for
+    /// `system`.
+    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ));
+        }
+        self.messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                if !ROLES.contains(&m.role.as_str()) {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!(
+                            "messages[{i}].role is {:?}; expected one of {}",
+                            m.role,
+                            ROLES.join(", ")
+                        ),
+                    ));
+                }
+                let role = if m.role == "developer" {
+                    "system"
+                } else {
+                    &m.role
+                };
+                let content = match &m.content {
+                    None => String::new(),
+                    Some(Content::Text(t)) => t.clone(),
+                    Some(Content::Parts(parts)) => {
+                        let mut text = String::new();
+                        for (j, p) in parts.iter().enumerate() {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::invalid(
+                                        "messages",
+                                        format!(
+                                            "messages[{i}].content[{j}] is of type {kind:?}: \
+                                             this model reads text parts only"
+                                        ),
+                                    ));
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                Ok(Message::new(role, &content))
+            })
+            .collect()
+    }
+}
+
+impl CompletionRequest {
+    /// The prompt: text to tokenize, or token ids as given.
+    pub fn prompt(&self) -> Result<Prompt, ApiError> {
+        if self.echo {
+            return Err(ApiError::invalid("echo", "`echo` is not supported"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+        }
+        match &self.prompt {
+            Prompt::Texts(t) if t.len() != 1 => Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "`prompt` is a list of {} strings; this server completes one prompt per request",
+                    t.len()
+                ),
+            )),
+            Prompt::Texts(t) => Ok(Prompt::Text(t[0].clone())),
+            Prompt::Text(t) => Ok(Prompt::Text(t.clone())),
+            Prompt::Tokens(t) => Ok(Prompt::Tokens(t.clone())),
+        }
+    }
+}
+
+impl Sampling {
+    /// Chapter 4's parameters from the request, with llama-server's defaults for what it
+    /// leaves out (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, a random seed) and no
+    /// token limit but the context's. Each value out of its domain is a 400 naming it.
+    pub fn params(&self) -> Result<(GenParams, Option<usize>), ApiError> {
+        if let Some(n) = self.n
+            && n != 1
+        {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` is {n}; this server makes one choice per request (n = 1)"),
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if v.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` is not supported (use repeat_penalty)"),
+                ));
+            }
+        }
+        if self
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| v != &json!(false) && !v.is_null())
+        {
+            return Err(ApiError::invalid("logprobs", "`logprobs` is not supported"));
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::invalid("tools", "`tools` is not supported"));
+        }
+        let d = SamplerParams::default();
+        let top_k = match self.top_k {
+            None => d.top_k,
+            Some(k) if k <= 0 => 0, // llama-server: 0 or less keeps every token
+            Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        };
+        let sampler = SamplerParams {
+            temp: self.temperature.unwrap_or(d.temp),
+            top_k,
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_last_n: d.repeat_last_n,
+            seed: self.seed.unwrap_or_else(random_seed),
+        };
+        if let Err(e) = sampler.validate() {
+            let field = if e.name == "temp" {
+                "temperature"
+            } else {
+                e.name
+            };
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` is {}; it must be {}", e.value, e.domain),
+            ));
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "`stop` has {} strings; at most {MAX_STOP_STRINGS}",
+                    stop.len()
+                ),
+            ));
+        }
+        if let Some(s) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "a stop string of {} bytes; at most {MAX_STOP_BYTES}",
+                    s.len()
+                ),
+            ));
+        }
+        let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .and_then(|n| usize::try_from(n).ok());
+        let params = GenParams {
+            max_tokens: max_tokens.unwrap_or(usize::MAX),
+            sampler,
+            stop,
+        };
+        Ok((params, max_tokens))
+    }
+}
+
+/// A seed for a request that gives none: different for every request.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// OpenAI's `finish_reason`: `stop` for an end-of-generation token or a stop string, `length`
+/// for the token limit, the context, or the server's time limit.
+pub fn finish_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::EndOfGeneration | StopReason::StopString => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull | StopReason::Cancelled => "length",
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens found in the prefix cache.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    pub fn to_json(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
+        })
+    }
+}
+
+/// Which endpoint a response is for: the two differ in object names and in where the text goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// The fixed fields of one response: its id, creation time and model.
+#[derive(Debug, Clone)]
+pub struct Head {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Head {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn with_choices(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// The whole answer of a request without `stream`.
+    pub fn response(&self, text: &str, stop: StopReason, usage: Usage) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "logprobs": null,
+                "finish_reason": finish_reason(stop),
+            }),
+            Endpoint::Completions => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish_reason(stop),
+            }),
+        };
+        let mut v = self.with_choices(false, json!([choice]));
+        v["usage"] = usage.to_json();
+        v
+    }
+
+    /// A stream chunk: the first one of a chat names the role; text chunks carry a delta; the
+    /// last carries the finish reason.
+    pub fn chunk(&self, text: Option<&str>, first: bool, stop: Option<StopReason>) -> Value {
+        let finish = stop.map(finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+            }
+            Endpoint::Completions => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "logprobs": null,
+                "finish_reason": finish,
+            }),
+        };
+        self.with_choices(true, json!([choice]))
+    }
+
+    /// The chunk after the last choice when the client asked for `include_usage`.
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        let mut v = self.with_choices(true, json!([]));
+        v["usage"] = usage.to_json();
+        v
+    }
+}
+
+/// An error as OpenAI's API sends it: a status, and `{"error": {message, type, param, code}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    /// Seconds a client should wait before it tries again (`Retry-After`).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: u16, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// A parameter out of its domain: 400.
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(param),
+            ..ApiError::new(400, "invalid_request_error", message)
+        }
+    }
+
+    /// A body that is not the JSON the endpoint reads: 400.
+    pub fn bad_json(e: &serde_json::Error) -> ApiError {
+        ApiError::new(
+            400,
+            "invalid_request_error",
+            format!("the request body is not valid: {e}"),
+        )
+    }
+
+    /// A body over the server's limit: 413.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            code: Some("request_too_large"),
+            ..ApiError::new(
+                413,
+                "invalid_request_error",
+                format!("the request body is larger than the server's limit of {limit} bytes"),
+            )
+        }
+    }
+
+    /// A model this server does not serve: 404.
+    pub fn unknown_model(asked: &str, served: &str) -> ApiError {
+        ApiError {
+            param: Some("model"),
+            code: Some("model_not_found"),
+            ..ApiError::new(
+                404,
+                "invalid_request_error",
+                format!("the model {asked:?} does not exist here; this server serves {served:?}"),
+            )
+        }
+    }
+
+    /// A prompt that does not fit the context: 400, saying how many tokens fit.
+    pub fn context(prompt: usize, n_ctx: usize) -> ApiError {
+        ApiError {
+            param: Some("messages"),
+            code: Some("context_length_exceeded"),
+            ..ApiError::new(
+                400,
+                "invalid_request_error",
+                format!(
+                    "the prompt is {prompt} tokens; the context holds {n_ctx} tokens, prompt and \
+                     completion together"
+                ),
+            )
+        }
+    }
+
+    /// Every place in the queue is taken: 503 with `Retry-After`.
+    pub fn busy(limit: usize, retry_after: u64) -> ApiError {
+        ApiError {
+            code: Some("server_busy"),
+            retry_after: Some(retry_after),
+            ..ApiError::new(
+                503,
+                "unavailable_error",
+                format!(
+                    "the server is busy: {limit} requests are running or waiting, as many as it \
+                     holds; try again in {retry_after} s"
+                ),
+            )
+        }
+    }
+
+    /// The model is still loading: 503.
+    pub fn loading() -> ApiError {
+        ApiError {
+            code: Some("loading"),
+            retry_after: Some(1),
+            ..ApiError::new(503, "unavailable_error", "the model is loading")
+        }
+    }
+
+    /// No such endpoint: 404.
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError::new(
+            404,
+            "invalid_request_error",
+            format!(
+                "no endpoint {path}; this server has /v1/chat/completions, /v1/completions, /v1/models and /health"
+            ),
+        )
+    }
+
+    /// A method the endpoint does not take: 405.
+    pub fn wrong_method(method: &str, path: &str) -> ApiError {
+        ApiError::new(
+            405,
+            "invalid_request_error",
+            format!("{path} does not take {method}"),
+        )
+    }
+
+    /// Something failed inside the server: 500.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(500, "server_error", message)
+    }
+
+    pub fn body(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(v: Value) -> Result<(GenParams, Option<usize>), ApiError> {
+        serde_json::from_value::<Sampling>(v).unwrap().params()
+    }
+
+    #[test]
+    fn defaults_are_llama_servers_and_bad_values_are_named() {
+        let (p, max) = sampling(json!({})).unwrap();
+        assert_eq!(max, None);
+        assert_eq!((p.sampler.temp, p.sampler.top_k), (0.8, 40));
+        let e = sampling(json!({"temperature": -0.0, "top_p": 1.5})).unwrap_err();
+        assert_eq!((e.status, e.param), (400, Some("top_p")));
+        let e = sampling(json!({"n": 2})).unwrap_err();
+        assert_eq!(e.param, Some("n"));
+        let (p, _) = sampling(json!({"stop": "\n", "top_k": -1, "max_tokens": 5})).unwrap();
+        assert_eq!(
+            (p.stop, p.sampler.top_k, p.max_tokens),
+            (vec!["\n".into()], 0, 5)
+        );
+        let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
+        assert_eq!(
+            sampling(json!({"stop": many})).unwrap_err().param,
+            Some("stop")
+        );
+    }
+
+    #[test]
+    fn messages_take_text_parts_and_refuse_unknown_roles() {
+        let r: ChatRequest = serde_json::from_value(json!({"messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
+            {"role": "assistant", "content": null},
+        ]}))
+        .unwrap();
+        let m = r.messages().unwrap();
+        assert_eq!(m[0], Message::new("system", "Be brief."));
+        assert_eq!(m[1], Message::new("user", "Hi!"));
+        assert_eq!(m[2], Message::new("assistant", ""));
+        let r: ChatRequest =
+            serde_json::from_value(json!({"messages": [{"role": "<|im_start|>", "content": ""}]}))
+                .unwrap();
+        assert!(
+            r.messages()
+                .unwrap_err()
+                .message
+                .contains("messages[0].role")
+        );
+    }
+}

@@ -1,0 +1,203 @@
+//! Chapter 11: serving — the engine as a service that many clients use at once.
+//!
+//! Chapter 7's scheduler already runs many requests in the same forward passes; chapter 10
+//! made it the finished engine. This chapter puts an HTTP server in front of it that speaks
+//! the OpenAI API, as llama-server, vLLM and TGI do, so that any OpenAI client can use it:
+//! - [`api`]: the requests and responses as JSON, OpenAI's error shape, and the checks that
+//!   turn a request's fields into chapter 4's [`GenParams`] (each bad value a 400 naming it);
+//! - [`worker`]: the engine's own thread, which owns the scheduler and runs a step whenever
+//!   there is work, fed through a channel, so that the async runtime never waits on the model;
+//! - [`server`]: the axum routes, the bounded queue (a 503 with `Retry-After` beyond it),
+//!   streaming with Server-Sent Events, and cancellation: a client that disconnects drops its
+//!   stream, which cancels its request and frees its KV blocks before the next step.
+//!
+//! Chat messages go through chapter 2's special-token rule: the template's markers are control
+//! tokens, what users wrote is text. The crate's binary is the server:
+//! `cargo run --release -p ch11 -- [--model PATH] [--port 8080] [--parallel N]`.
+
+pub mod api;
+pub mod server;
+pub mod worker;
+
+use ch10::engine::{BLOCK_SIZE, MAX_BATCH_TOKENS};
+use clap::Parser;
+pub use server::{AppState, Limits, Loaded};
+use std::error::Error;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+pub use worker::{PoolStatus, Worker};
+
+/// Everything earlier chapters offer, so `ch11` reads as "the engine as of chapter 11".
+pub use ch10::{self, *};
+
+// ANCHOR: args
+/// Serve a GGUF model over HTTP with OpenAI's API.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "ch11",
+    about = "Serve a GGUF model over HTTP with OpenAI's API."
+)]
+pub struct ServeArgs {
+    /// GGUF model file (default: the default model, fetched on first use).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Name of the model in /v1/models and in requests (default: the file name without .gguf).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the one chosen is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests that run at once, advancing together in every forward pass.
+    #[arg(long, short = 'p', default_value_t = 4)]
+    pub parallel: usize,
+    /// Requests that may wait for a place beyond those running; one more is answered 503.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Positions one request may use, prompt and completion together (default: the model's,
+    /// at most 4096).
+    #[arg(long, short = 'c')]
+    pub ctx: Option<usize>,
+    /// Positions in the KV cache that all requests share (default: --ctx). Requests that do
+    /// not fit together wait, or are preempted and recomputed.
+    #[arg(long)]
+    pub kv_size: Option<usize>,
+    /// Threads for the forward pass.
+    #[arg(long, short = 't', default_value_t = std::thread::available_parallelism().map_or(1, |n| n.get()))]
+    pub threads: usize,
+    /// Longest time a request may run, in seconds; it then ends with finish_reason "length".
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub body_limit: usize,
+    /// Keep every weight a view of the mapped file (no repacking for chapter 8's micro-kernel).
+    #[arg(long)]
+    pub no_repack: bool,
+}
+// ANCHOR_END: args
+
+impl ServeArgs {
+    /// Refuse flags that cannot work, before anything loads.
+    pub fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("--parallel", self.parallel),
+            ("--threads", self.threads),
+            ("--body-limit", self.body_limit),
+            ("--timeout", self.timeout as usize),
+        ];
+        for (flag, v) in positive {
+            if v == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if let (Some(ctx), Some(kv)) = (self.ctx, self.kv_size)
+            && kv < ctx
+        {
+            return Err(format!(
+                "--kv-size {kv} is smaller than --ctx {ctx}: one request could not fit the cache"
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_in_flight: self.parallel.saturating_add(self.queue),
+            timeout: Duration::from_secs(self.timeout),
+            body_limit: self.body_limit,
+            retry_after: 1,
+        }
+    }
+}
+
+// ANCHOR: load
+/// Load the model as `args` say and start the engine thread.
+pub fn load(args: &ServeArgs) -> Result<Loaded, Box<dyn Error>> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => shared::default_model_path()?,
+    };
+    let mut fast = FastLoader::new(new_pool(PoolKind::Spin, args.threads));
+    fast.pack = !args.no_repack;
+    let mut engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast)?;
+    cli::set_context(&mut engine.model, args.ctx)?;
+    let n_ctx = engine.model.n_ctx();
+    let kv_size = args.kv_size.unwrap_or(n_ctx);
+    if kv_size < n_ctx {
+        return Err(format!(
+            "--kv-size {kv_size} is smaller than the context of {n_ctx} positions: one request \
+             could not fit the cache (give a smaller --ctx or a larger --kv-size)"
+        )
+        .into());
+    }
+    eprintln!("{}", engine.describe(&path));
+    let config = SchedulerConfig {
+        max_batch_tokens: MAX_BATCH_TOKENS.max(args.parallel),
+        max_running: args.parallel,
+        block_size: BLOCK_SIZE,
+        n_blocks: kv_size.div_ceil(BLOCK_SIZE),
+        prefix_cache: true,
+    };
+    let model_id = args.alias.clone().unwrap_or_else(|| {
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        name.strip_suffix(".gguf").unwrap_or(&name).to_string()
+    });
+    let engine = Arc::new(engine);
+    let worker = Worker::spawn(Arc::clone(&engine), config)
+        .map_err(|e| format!("--parallel {} --kv-size {kv_size}: {e}", args.parallel))?;
+    Ok(Loaded {
+        model_id,
+        engine,
+        worker,
+        n_ctx,
+        parallel: args.parallel,
+    })
+}
+// ANCHOR_END: load
+
+/// The server: listen first (so `/health` answers "loading" while the model loads), load on
+/// another thread, serve until Ctrl-C.
+pub fn run(args: &ServeArgs) -> Result<(), Box<dyn Error>> {
+    args.check()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
+            format!(
+                "--host {} --port {}: cannot listen: {e}",
+                args.host, args.port
+            )
+        })?;
+        eprintln!("listening on http://{}", listener.local_addr()?);
+        let state = AppState::new(args.limits());
+        let loading = Arc::clone(&state);
+        let load_args = args.clone();
+        std::thread::spawn(move || match load(&load_args) {
+            Ok(l) => {
+                eprintln!(
+                    "ready: {} ({} at once, {} positions each)",
+                    l.model_id, l.parallel, l.n_ctx
+                );
+                let _ = loading.loaded.set(l);
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        });
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        server::serve(listener, state, ctrl_c).await?;
+        Ok(())
+    })
+}

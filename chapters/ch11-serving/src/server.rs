@@ -1,0 +1,479 @@
+//! The HTTP side: axum routes, admission control, and the bridge from the engine thread's
+//! events to JSON responses and Server-Sent Events.
+//!
+//! The life of a request: parse and check the body (400s), turn messages into token ids on a
+//! blocking thread (chapter 2's template and tokenizer, content taken literally), take a place
+//! in the bounded queue or answer 503, hand the job to the engine thread, wait for `Accepted`,
+//! then either collect the text into one response or stream it as it comes. The place is
+//! given back, and the request cancelled if it is still running, when the handler or its
+//! stream is dropped — which is what happens when a client disconnects.
+
+use crate::api::{ApiError, ChatRequest, CompletionRequest, Endpoint, Head, Prompt, Usage};
+use crate::worker::{Event, Job, Ticket, Worker};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use ch10::{Engine, GenParams, Message};
+use futures_util::stream::{self, Stream};
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// The server's limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Requests running or waiting at once; one more is a 503.
+    pub max_in_flight: usize,
+    /// Longest time a request may run; then it ends with `finish_reason` `length`.
+    pub timeout: Duration,
+    /// Largest request body, in bytes; a larger one is a 413.
+    pub body_limit: usize,
+    /// `Retry-After` of a 503, in seconds.
+    pub retry_after: u64,
+}
+
+/// What the handlers use once the model is loaded.
+pub struct Loaded {
+    /// The name `/v1/models` gives and requests may ask for.
+    pub model_id: String,
+    pub engine: Arc<Engine>,
+    pub worker: Worker,
+    /// Positions one request may use, prompt and completion together.
+    pub n_ctx: usize,
+    /// Requests that run at once (`--parallel`).
+    pub parallel: usize,
+}
+
+/// Shared by every handler.
+pub struct AppState {
+    pub limits: Limits,
+    /// Set once the model is loaded; until then every endpoint but `/health` answers 503.
+    pub loaded: OnceLock<Loaded>,
+    in_flight: AtomicUsize,
+    next_response: AtomicU64,
+    started: u64,
+}
+
+impl AppState {
+    pub fn new(limits: Limits) -> Arc<AppState> {
+        Arc::new(AppState {
+            limits,
+            loaded: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            next_response: AtomicU64::new(0),
+            started: unix_now(),
+        })
+    }
+
+    /// Requests holding a place: running, waiting, or streaming their last bytes.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+// ANCHOR: router
+/// The routes: OpenAI's, llama-server's `/health`, and OpenAI errors for everything else.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.limits.body_limit;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .fallback(fallback)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(limit))
+        // A panic in a handler is a 500 for that request; the server goes on.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::internal("the request failed inside the server").into_response()
+            },
+        ))
+        .with_state(state)
+}
+// ANCHOR_END: router
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+async fn fallback(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::wrong_method(method.as_str(), uri.path())
+}
+
+/// `GET /health`: 200 `{"status": "ok", …}` once the model is loaded, with the scheduler's
+/// state; 503 `{"status": "loading"}` before.
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    match s.loaded.get() {
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "loading"})),
+        )
+            .into_response(),
+        Some(l) if !l.worker.is_alive() => {
+            ApiError::internal("the engine thread has stopped").into_response()
+        }
+        Some(l) => {
+            let mut v = json!({"status": "ok", "in_flight": s.in_flight()});
+            v["scheduler"] = serde_json::to_value(l.worker.status()).unwrap_or(Value::Null);
+            axum::Json(v).into_response()
+        }
+    }
+}
+
+/// `GET /v1/models`: the one model.
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    let Some(l) = s.loaded.get() else {
+        return ApiError::loading().into_response();
+    };
+    let c = &l.engine.model.config;
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": l.model_id,
+            "object": "model",
+            "created": s.started,
+            "owned_by": "llm-rs",
+            "meta": {
+                "n_ctx": l.n_ctx,
+                "n_ctx_train": c.context_length,
+                "n_vocab": c.vocab_size,
+                "n_layer": c.n_layer,
+                "parallel": l.parallel,
+            },
+        }],
+    }))
+    .into_response()
+}
+
+/// The parsed body, or the error for it: 413 over the limit, 400 for anything else.
+fn parse<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(s.limits.body_limit)
+        } else {
+            ApiError::invalid("body", e.body_text())
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_json(&e))
+}
+
+fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
+    match asked {
+        Some(m) if !m.is_empty() && m != l.model_id => Err(ApiError::unknown_model(m, &l.model_id)),
+        _ => Ok(()),
+    }
+}
+
+// ANCHOR: chat
+/// `POST /v1/chat/completions`.
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = async {
+        let l = s.loaded.get().ok_or_else(ApiError::loading)?;
+        let req: ChatRequest = parse(&s, body)?;
+        check_model(l, req.sampling.model.as_deref())?;
+        let (params, asked) = req.sampling.params()?;
+        let messages = req.messages()?;
+        if l.engine.template.is_none() {
+            return Err(ApiError::invalid(
+                "messages",
+                "the model file has no chat template; use /v1/completions",
+            ));
+        }
+        // Rendering and tokenizing a long conversation takes milliseconds: off the runtime.
+        let engine = Arc::clone(&l.engine);
+        let prompt = tokio::task::spawn_blocking(move || encode_chat(&engine, &messages))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))??;
+        let stream = req.sampling.stream;
+        let usage = req.sampling.stream_options.is_some_and(|o| o.include_usage);
+        generate(&s, l, Endpoint::Chat, prompt, params, asked, stream, usage).await
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+// ANCHOR_END: chat
+
+/// The conversation's token ids: the template's markers as control tokens, the messages'
+/// content as text (chapter 2's special-token rule).
+fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
+    let template = engine.template.as_ref().expect("checked by the caller");
+    template
+        .encode(&engine.tokenizer, messages, true)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// `POST /v1/completions`. The prompt is the client's whole text, as in llama-server: special
+/// tokens written in it are parsed (there is no template whose markers to protect).
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = async {
+        let l = s.loaded.get().ok_or_else(ApiError::loading)?;
+        let req: CompletionRequest = parse(&s, body)?;
+        check_model(l, req.sampling.model.as_deref())?;
+        let (params, asked) = req.sampling.params()?;
+        let prompt = match req.prompt()? {
+            Prompt::Tokens(ids) => ids,
+            Prompt::Text(text) => {
+                let engine = Arc::clone(&l.engine);
+                tokio::task::spawn_blocking(move || engine.tokenizer.encode(&text, true, true))
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?
+            }
+            Prompt::Texts(_) => unreachable!("prompt() returns one text"),
+        };
+        let vocab = l.engine.model.config.vocab_size;
+        if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("token {t} is not below the vocabulary size {vocab}"),
+            ));
+        }
+        let stream = req.sampling.stream;
+        let usage = req.sampling.stream_options.is_some_and(|o| o.include_usage);
+        generate(
+            &s,
+            l,
+            Endpoint::Completions,
+            prompt,
+            params,
+            asked,
+            stream,
+            usage,
+        )
+        .await
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A place in the queue, and the request's ticket once it has one. Dropping it gives the place
+/// back and cancels the request if it has not ended.
+struct Place {
+    state: Arc<AppState>,
+    worker: Worker,
+    ticket: Option<Ticket>,
+    ended: bool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let (Some(t), false) = (self.ticket, self.ended) {
+            self.worker.cancel(t);
+        }
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+// ANCHOR: generate
+/// Run `prompt` and answer: one JSON response, or a stream of chunks.
+#[allow(clippy::too_many_arguments)]
+async fn generate(
+    s: &Arc<AppState>,
+    l: &Loaded,
+    endpoint: Endpoint,
+    prompt: Vec<u32>,
+    mut params: GenParams,
+    asked: Option<usize>,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
+    }
+    if prompt.len() > l.n_ctx {
+        return Err(ApiError::context(prompt.len(), l.n_ctx));
+    }
+    // Generation ends when the context is full (the last token takes no position): that, or
+    // the client's limit if smaller.
+    params.max_tokens = asked.unwrap_or(usize::MAX).min(l.n_ctx - prompt.len() + 1);
+
+    // A place in the queue, or 503.
+    let max = s.limits.max_in_flight;
+    if s.in_flight
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .is_err()
+    {
+        return Err(ApiError::busy(max, s.limits.retry_after));
+    }
+    let mut place = Place {
+        state: Arc::clone(s),
+        worker: l.worker.clone(),
+        ticket: None,
+        ended: false,
+    };
+    let (tx, mut rx) = unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let job = Job {
+        prompt,
+        params,
+        deadline: Instant::now() + s.limits.timeout,
+        events: tx,
+    };
+    place.ticket = Some(
+        l.worker
+            .submit(job)
+            .ok_or_else(|| ApiError::internal("the engine thread has stopped"))?,
+    );
+    match rx.recv().await {
+        Some(Event::Accepted) => {}
+        Some(Event::Rejected(m)) => {
+            place.ended = true;
+            return Err(ApiError::invalid("messages", m));
+        }
+        _ => return Err(ApiError::internal("the engine thread has stopped")),
+    }
+    let head = Head {
+        endpoint,
+        id: format!(
+            "{}-{}",
+            if endpoint == Endpoint::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            s.next_response.fetch_add(1, Ordering::Relaxed)
+        ),
+        created: unix_now(),
+        model: l.model_id.clone(),
+    };
+    if stream {
+        let events = sse_events(head, rx, place, include_usage);
+        return Ok(Sse::new(events).into_response());
+    }
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(o)) => {
+                place.ended = true;
+                let usage = Usage {
+                    prompt_tokens,
+                    completion_tokens: o.completion_tokens,
+                    cached_tokens: o.cached_tokens,
+                };
+                return Ok(axum::Json(head.response(&text, o.stop, usage)).into_response());
+            }
+            Some(Event::Failed(m)) => {
+                place.ended = true;
+                return Err(ApiError::internal(m));
+            }
+            Some(Event::Accepted | Event::Rejected(_)) | None => {
+                return Err(ApiError::internal("the engine thread has stopped"));
+            }
+        }
+    }
+}
+// ANCHOR_END: generate
+
+/// The request's events as SSE: a first chunk with the role, a chunk per piece of text, a last
+/// chunk with the finish reason, the usage if asked, then `[DONE]`. The stream owns the
+/// request's [`Place`]: when the client disconnects, the server drops the stream, and the
+/// request is cancelled.
+fn sse_events(
+    head: Head,
+    rx: UnboundedReceiver<Event>,
+    place: Place,
+    include_usage: bool,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    enum Phase {
+        First,
+        Text,
+        Done,
+    }
+    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    let state = (
+        rx,
+        place,
+        Phase::First,
+        Vec::<Result<SseEvent, Infallible>>::new(),
+    );
+    stream::unfold(state, move |(mut rx, mut place, phase, mut queued)| {
+        let head = head.clone();
+        async move {
+            if let Some(e) = queued.pop() {
+                return Some((e, (rx, place, phase, queued)));
+            }
+            match phase {
+                Phase::Done => None,
+                // A chat stream opens with the role, as OpenAI's does.
+                Phase::First if head.endpoint == Endpoint::Chat => {
+                    let chunk = head.chunk(Some(""), true, None);
+                    Some((data(chunk), (rx, place, Phase::Text, queued)))
+                }
+                Phase::First | Phase::Text => match rx.recv().await {
+                    Some(Event::Text(t)) => Some((
+                        data(head.chunk(Some(&t), false, None)),
+                        (rx, place, Phase::Text, queued),
+                    )),
+                    Some(Event::Done(o)) => {
+                        place.ended = true;
+                        // Sent in reverse order of the pops: last chunk, usage, [DONE].
+                        queued.push(Ok(SseEvent::default().data("[DONE]")));
+                        if include_usage {
+                            queued.push(data(head.usage_chunk(Usage {
+                                prompt_tokens: o.prompt_tokens,
+                                completion_tokens: o.completion_tokens,
+                                cached_tokens: o.cached_tokens,
+                            })));
+                        }
+                        let last = head.chunk(None, false, Some(o.stop));
+                        Some((data(last), (rx, place, Phase::Done, queued)))
+                    }
+                    Some(Event::Failed(m)) => {
+                        place.ended = true;
+                        let e = ApiError::internal(m).body();
+                        Some((data(e), (rx, place, Phase::Done, queued)))
+                    }
+                    _ => {
+                        place.ended = true;
+                        let e = ApiError::internal("the engine thread has stopped").body();
+                        Some((data(e), (rx, place, Phase::Done, queued)))
+                    }
+                },
+            }
+        }
+    })
+}
+
+/// `axum::serve` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,330 @@
+//! The engine's thread: chapter 7's scheduler, fed through a channel.
+//!
+//! A forward pass takes milliseconds to hundreds of milliseconds of CPU; run on the async
+//! runtime it would stall every connection the runtime serves. So the model lives on a thread
+//! of its own, which owns the scheduler and loops: take the commands that arrived (new
+//! requests, cancellations), drop requests whose client is gone or whose time is up, run one
+//! step, send each request's new text to its channel. When nothing is left to do it sleeps on
+//! the command channel. Handlers never touch the model: they send a [`Job`] and read
+//! [`Event`]s.
+
+use ch10::{
+    Engine, ForwardError, GenParams, Request, RequestId, Scheduler, SchedulerConfig,
+    SchedulerError, Sink, StopReason,
+};
+use std::collections::{HashMap, HashSet};
+use std::error::Error;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A handler's number for its request, given before the scheduler numbers it.
+pub type Ticket = u64;
+
+/// A request for the engine thread.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+    /// When the request's time is up: it then ends as if it had reached its token limit.
+    pub deadline: Instant,
+    /// Where its events go. The engine notices when the receiver is dropped (the client went
+    /// away) and cancels the request.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine thread tells a handler about its request, in this order: `Accepted` or
+/// `Rejected`; then text; then `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The scheduler took the request.
+    Accepted,
+    /// The scheduler refused it (a 400: the message says why).
+    Rejected(String),
+    /// New text, complete UTF-8, never part of a stop string.
+    Text(String),
+    Done(Outcome),
+    /// A step failed (a 500).
+    Failed(String),
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    pub stop: StopReason,
+    /// Ended by the server's time limit (reported as `length`).
+    pub timed_out: bool,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// The scheduler's state after the last step, for `/health` and the tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStatus {
+    /// Requests with a sequence slot, and requests waiting for one.
+    pub running: usize,
+    pub waiting: usize,
+    /// KV blocks in the pool, free, and held by running sequences (the rest belong only to
+    /// the prefix cache, which gives them up when they are needed).
+    pub kv_blocks: usize,
+    pub kv_blocks_free: usize,
+    pub sequence_blocks: usize,
+    pub steps: usize,
+    pub generated_tokens: usize,
+    /// Prompt positions computed, and taken from the prefix cache instead.
+    pub computed_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+enum Command {
+    Submit(Ticket, Job),
+    Cancel(Ticket),
+}
+
+/// The handlers' side of the engine thread.
+#[derive(Clone)]
+pub struct Worker {
+    commands: mpsc::Sender<Command>,
+    next: Arc<AtomicU64>,
+    status: Arc<Mutex<PoolStatus>>,
+    alive: Arc<AtomicBool>,
+}
+
+impl Worker {
+    /// Start the engine thread on `engine` with a scheduler configured by `config`.
+    pub fn spawn(engine: Arc<Engine>, config: SchedulerConfig) -> Result<Worker, Box<dyn Error>> {
+        // Built here first, so that a bad configuration is an error now, not in the thread.
+        let first = Scheduler::new(&engine.model, &engine.tokenizer, config.clone())?;
+        let status = Arc::new(Mutex::new(pool_status(&first)));
+        drop(first);
+        let (commands, rx) = mpsc::channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        let worker = Worker {
+            commands,
+            next: Arc::new(AtomicU64::new(0)),
+            status: Arc::clone(&status),
+            alive: Arc::clone(&alive),
+        };
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || {
+                // Marks the engine dead however the loop ends, a panic included.
+                struct Alive(Arc<AtomicBool>);
+                impl Drop for Alive {
+                    fn drop(&mut self) {
+                        self.0.store(false, Ordering::SeqCst);
+                    }
+                }
+                let _alive = Alive(alive);
+                engine_loop(&engine, config, rx, &status);
+            })?;
+        Ok(worker)
+    }
+
+    /// Queue `job`; its events follow on its channel. `None` if the engine thread has ended.
+    pub fn submit(&self, job: Job) -> Option<Ticket> {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        self.commands.send(Command::Submit(ticket, job)).ok()?;
+        Some(ticket)
+    }
+
+    /// End request `ticket` now, freeing its slot and blocks before the next step.
+    pub fn cancel(&self, ticket: Ticket) {
+        let _ = self.commands.send(Command::Cancel(ticket));
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the engine thread still runs.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+}
+
+/// A request the engine thread holds.
+struct Live {
+    ticket: Ticket,
+    events: UnboundedSender<Event>,
+    deadline: Instant,
+    prompt_tokens: usize,
+}
+
+/// Sends each request's text to its channel, and notes whose channel is closed.
+struct Streams<'a> {
+    live: &'a HashMap<RequestId, Live>,
+    gone: &'a mut Vec<RequestId>,
+}
+
+impl Sink for Streams<'_> {
+    fn text(&mut self, id: RequestId, text: &str) {
+        if let Some(l) = self.live.get(&id)
+            && l.events.send(Event::Text(text.to_string())).is_err()
+        {
+            self.gone.push(id);
+        }
+    }
+}
+
+// ANCHOR: engine_loop
+fn engine_loop(
+    engine: &Engine,
+    config: SchedulerConfig,
+    commands: mpsc::Receiver<Command>,
+    status: &Mutex<PoolStatus>,
+) {
+    let new_scheduler = || {
+        Scheduler::new(&engine.model, &engine.tokenizer, config.clone())
+            .expect("the configuration was checked when the worker started")
+    };
+    let mut scheduler = new_scheduler();
+    let mut live: HashMap<RequestId, Live> = HashMap::new();
+    let mut tickets: HashMap<Ticket, RequestId> = HashMap::new();
+    let mut gone: Vec<RequestId> = Vec::new();
+    loop {
+        // 1. Commands; with nothing to run, sleep until one comes.
+        let first = if scheduler.is_idle() {
+            match commands.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return, // every handle is dropped: the server is done
+            }
+        } else {
+            None
+        };
+        for command in first.into_iter().chain(commands.try_iter()) {
+            match command {
+                Command::Submit(ticket, job) => {
+                    let prompt_tokens = job.prompt.len();
+                    let request = Request {
+                        prompt: job.prompt,
+                        params: job.params,
+                    };
+                    match scheduler.submit(request) {
+                        Ok(id) => {
+                            let _ = job.events.send(Event::Accepted);
+                            tickets.insert(ticket, id);
+                            live.insert(
+                                id,
+                                Live {
+                                    ticket,
+                                    events: job.events,
+                                    deadline: job.deadline,
+                                    prompt_tokens,
+                                },
+                            );
+                        }
+                        Err(e) => {
+                            let _ = job.events.send(Event::Rejected(e.to_string()));
+                        }
+                    }
+                }
+                Command::Cancel(ticket) => {
+                    if let Some(id) = tickets.get(&ticket) {
+                        gone.push(*id);
+                    }
+                }
+            }
+        }
+
+        // 2. Requests whose client left, or whose time is up, leave before the step.
+        let now = Instant::now();
+        let mut late = Vec::new();
+        for (&id, l) in &live {
+            if l.events.is_closed() {
+                gone.push(id);
+            } else if now >= l.deadline {
+                late.push(id);
+            }
+        }
+        for id in gone.drain(..).chain(late.iter().copied()) {
+            if let Some(f) = scheduler.cancel(id)
+                && let Some(l) = live.remove(&id)
+            {
+                tickets.remove(&l.ticket);
+                let timed_out = late.contains(&id);
+                let _ = l.events.send(Event::Done(Outcome {
+                    stop: if timed_out {
+                        StopReason::MaxTokens
+                    } else {
+                        f.stop
+                    },
+                    timed_out,
+                    prompt_tokens: l.prompt_tokens,
+                    completion_tokens: f.ids.len(),
+                    cached_tokens: f.cached_tokens.min(l.prompt_tokens),
+                }));
+            }
+        }
+
+        // 3. One step for everyone.
+        if !scheduler.is_idle() {
+            let mut sink = Streams {
+                live: &live,
+                gone: &mut gone,
+            };
+            match scheduler.step(&mut sink) {
+                Ok(report) => {
+                    for f in report.finished {
+                        if let Some(l) = live.remove(&f.id) {
+                            tickets.remove(&l.ticket);
+                            let _ = l.events.send(Event::Done(Outcome {
+                                stop: f.stop,
+                                timed_out: false,
+                                prompt_tokens: l.prompt_tokens,
+                                completion_tokens: f.ids.len(),
+                                cached_tokens: f.cached_tokens.min(l.prompt_tokens),
+                            }));
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The scheduler's state is unspecified after a failed step: every request
+                    // in it fails, and a new scheduler takes the next ones.
+                    let message = explain(engine, e);
+                    for (_, l) in live.drain() {
+                        let _ = l.events.send(Event::Failed(message.clone()));
+                    }
+                    tickets.clear();
+                    gone.clear();
+                    scheduler = new_scheduler();
+                }
+            }
+        }
+        *status.lock().unwrap_or_else(|e| e.into_inner()) = pool_status(&scheduler);
+    }
+}
+// ANCHOR_END: engine_loop
+
+/// A failed step, explained: non-finite logits are traced to the first tensor that went bad.
+fn explain(engine: &Engine, e: SchedulerError) -> String {
+    match e {
+        SchedulerError::Forward(ForwardError::NonFinite(e)) => e.locate(&engine.model).to_string(),
+        e => e.to_string(),
+    }
+}
+
+fn pool_status(s: &Scheduler<'_, ch10::Model>) -> PoolStatus {
+    let kv = s.kv();
+    let mut held = HashSet::new();
+    for (_, slot) in s.running_slots() {
+        if let Some(t) = kv.table(slot) {
+            held.extend(t.blocks.iter().copied());
+        }
+    }
+    let stats = s.stats();
+    let running = s.n_running();
+    PoolStatus {
+        running,
+        waiting: s.n_unfinished() - running,
+        kv_blocks: kv.allocator.n_blocks(),
+        kv_blocks_free: kv.allocator.n_free(),
+        sequence_blocks: held.len(),
+        steps: stats.steps,
+        generated_tokens: stats.generated_tokens,
+        computed_tokens: stats.computed_tokens,
+        cached_tokens: stats.cached_tokens,
+    }
+}

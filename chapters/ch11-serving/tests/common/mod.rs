@@ -1,0 +1,186 @@
+//! A server on loopback for the tests: the default model, a port the system picks, its own
+//! engine thread and runtime, and a blocking HTTP client.
+
+#![allow(dead_code)]
+
+use ch11::{AppState, ServeArgs};
+use reqwest::blocking::{Client, Response};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Every request of the tests ends within this (the slowest, 16 streams at once on two
+/// cores, takes a few seconds): a hung server fails the test instead of hanging it.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct TestServer {
+    pub base: String,
+    pub state: Arc<AppState>,
+    pub client: Client,
+}
+
+/// The flags of a test server: the default model, on the machine's cores.
+pub fn args() -> ServeArgs {
+    ServeArgs {
+        model: Some(shared::default_model_path().unwrap_or_else(|e| panic!("{e}"))),
+        alias: None,
+        host: "127.0.0.1".into(),
+        port: 0,
+        parallel: 4,
+        queue: 16,
+        ctx: Some(1024),
+        kv_size: None,
+        threads: 2,
+        timeout: 600,
+        body_limit: 1 << 20,
+        no_repack: false,
+    }
+}
+
+/// A server as `args` say, loaded and listening.
+pub fn start(args: ServeArgs) -> TestServer {
+    start_with(args, |_| {})
+}
+
+/// [`start`], with `adjust` applied to the state's limits before it serves.
+pub fn start_with(args: ServeArgs, adjust: impl FnOnce(&mut ch11::Limits)) -> TestServer {
+    let mut limits = args.limits();
+    adjust(&mut limits);
+    let state = AppState::new(limits);
+    let loaded = ch11::load(&args).unwrap_or_else(|e| panic!("{e}"));
+    assert!(state.loaded.set(loaded).is_ok());
+    let base = serve(Arc::clone(&state));
+    TestServer {
+        base,
+        state,
+        client: Client::builder().timeout(CLIENT_TIMEOUT).build().unwrap(),
+    }
+}
+
+/// Serve `state` on 127.0.0.1 at a free port, on a runtime of its own; the base URL.
+pub fn serve(state: Arc<AppState>) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            ch11::server::serve(listener, state, std::future::pending())
+                .await
+                .unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+impl TestServer {
+    pub fn post(&self, path: &str, body: &Value) -> Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+    }
+
+    /// POST, expecting 200 and JSON.
+    pub fn ok(&self, path: &str, body: &Value) -> Value {
+        let r = self.post(path, body);
+        let status = r.status();
+        let text = r.text().unwrap();
+        assert_eq!(status, 200, "POST {path} {body}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// The scheduler's state from `/health`.
+    pub fn scheduler(&self) -> Value {
+        let v: Value = self.get("/health").json().unwrap();
+        v["scheduler"].clone()
+    }
+
+    /// Open a stream: the response, whose body is read with [`Events`].
+    pub fn stream(&self, path: &str, body: &Value) -> Events {
+        let r = self.post(path, body);
+        assert_eq!(r.status(), 200, "{body}");
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        Events(BufReader::new(r))
+    }
+}
+
+/// The `data:` payloads of an SSE stream, one at a time.
+pub struct Events(pub BufReader<Response>);
+
+impl Events {
+    /// The next payload; `None` at the end of the stream.
+    pub fn next_data(&mut self) -> Option<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.0.read_line(&mut line).unwrap() == 0 {
+                return None;
+            }
+            if let Some(d) = line.trim_end().strip_prefix("data: ") {
+                return Some(d.to_string());
+            }
+        }
+    }
+
+    /// Every chunk up to `[DONE]` (which must come, and come last).
+    pub fn collect(mut self) -> Vec<Value> {
+        let mut chunks = Vec::new();
+        loop {
+            match self.next_data() {
+                Some(d) if d == "[DONE]" => {
+                    assert!(self.next_data().is_none(), "data after [DONE]");
+                    return chunks;
+                }
+                Some(d) => chunks.push(serde_json::from_str(&d).unwrap()),
+                None => panic!("the stream ended without [DONE] after {chunks:?}"),
+            }
+        }
+    }
+}
+
+/// The text of a stream's chunks, chat (`delta.content`) or completion (`text`).
+pub fn streamed_text(chunks: &[Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| {
+            let choice = c["choices"].get(0)?;
+            choice["delta"]["content"]
+                .as_str()
+                .or(choice["text"].as_str())
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// The finish reason of a stream: its only non-null one.
+pub fn streamed_finish(chunks: &[Value]) -> String {
+    let reasons: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["finish_reason"].as_str())
+        .collect();
+    assert_eq!(reasons.len(), 1, "{chunks:?}");
+    reasons[0].to_string()
+}
+
+/// A chat request of one user message.
+pub fn chat(content: &str, max_tokens: usize) -> Value {
+    serde_json::json!({
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
