@@ -26,7 +26,7 @@
 //! (repacked by default where the CPU has the micro-kernel) and this chapter's mapped file:
 //! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`.
 //!
-//! Left for later, and for the reader: a server in front of the scheduler, more model
+//! Left for later: a server in front of the scheduler (chapter 11), more model
 //! architectures than llama, GPU offload, and loading tensors straight from disk into device
 //! memory.
 

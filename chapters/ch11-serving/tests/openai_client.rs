@@ -1,7 +1,7 @@
 //! The server with OpenAI's official Python client (`openai`, pinned), the way a user's
 //! program talks to it: the server binary on a free loopback port, and
-//! `tests/openai_client.py` against it. The package is installed on first use into a virtual
-//! environment in the cache directory, as the reference environment is.
+//! `tests/openai_client.py` against it. The package is installed on first use with pip into a
+//! directory of the cache directory.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -13,14 +13,17 @@ const OPENAI_VERSION: &str = "3.54.0";
 /// Loading the model and listening takes about a second; far more on a loaded machine.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A virtual environment with `openai` at [`OPENAI_VERSION`], made if missing.
-fn python() -> PathBuf {
-    let venv = shared::cache_dir()
+/// `python3`, and a directory holding `openai` at [`OPENAI_VERSION`] for its `PYTHONPATH`,
+/// installed there with pip if missing (pip is what fetching the model needs already; a
+/// virtual environment would also need Debian's `python3-venv`).
+fn python() -> (PathBuf, PathBuf) {
+    let dir = shared::cache_dir()
         .unwrap_or_else(|e| panic!("{e}"))
-        .join("openai-venv");
-    let py = venv.join("bin").join("python");
-    let has = |py: &Path| {
-        Command::new(py)
+        .join(format!("openai-{OPENAI_VERSION}"));
+    let py = PathBuf::from("python3");
+    let has = || {
+        Command::new(&py)
+            .env("PYTHONPATH", &dir)
             .args([
                 "-c",
                 &format!("import openai, sys; sys.exit(openai.__version__ != {OPENAI_VERSION:?})"),
@@ -28,26 +31,30 @@ fn python() -> PathBuf {
             .status()
             .is_ok_and(|s| s.success())
     };
-    if !has(&py) {
-        let run = |cmd: &mut Command| {
-            let s = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-            assert!(s.success(), "{cmd:?} failed");
-        };
-        run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
-        run(Command::new(&py).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            &format!("openai=={OPENAI_VERSION}"),
-        ]));
+    if !has() {
+        let s = Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(format!("openai=={OPENAI_VERSION}"))
+            .status()
+            .unwrap_or_else(|e| panic!("python3 -m pip install openai: {e}"));
         assert!(
-            has(&py),
+            s.success(),
+            "installing openai {OPENAI_VERSION} with pip failed"
+        );
+        assert!(
+            has(),
             "openai {OPENAI_VERSION} is not importable after installing it"
         );
     }
-    py
+    (py, dir)
 }
 
 /// The server process, killed when dropped.
@@ -111,10 +118,11 @@ fn start() -> (Server, String) {
 
 #[test]
 fn openais_python_client_works() {
-    let py = python();
+    let (py, path) = python();
     let (_server, base) = start();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let out = Command::new(py)
+        .env("PYTHONPATH", path)
         .arg(script)
         .arg(&base)
         .output()

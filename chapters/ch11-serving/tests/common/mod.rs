@@ -32,6 +32,7 @@ pub fn args() -> ServeArgs {
         ctx: Some(1024),
         kv_size: None,
         threads: 2,
+        batch_tokens: ch11::SERVE_BATCH_TOKENS,
         timeout: 600,
         body_limit: 1 << 20,
         no_repack: false,
