@@ -139,6 +139,18 @@ impl Engine {
         }
     }
 
+    /// A failed scheduler step, explained: non-finite logits are traced to the first tensor
+    /// that went bad, and a mapped file that changed is named as the likelier cause.
+    pub fn explain_step(&self, e: SchedulerError) -> Box<dyn Error> {
+        let e: Box<dyn Error> = match e {
+            SchedulerError::Forward(ForwardError::NonFinite(e)) => {
+                e.locate(&self.model).to_string().into()
+            }
+            e => e.into(),
+        };
+        self.explain(e)
+    }
+
     /// One line saying what was loaded and how.
     pub fn describe(&self, path: &Path) -> String {
         let c = &self.model.config;
@@ -233,8 +245,7 @@ pub const MAX_BATCH_TOKENS: usize = 256;
 pub struct Scheduled<'m> {
     pub scheduler: Scheduler<'m, Model>,
     pub n_ctx: usize,
-    mode: LoadMode,
-    repacked: bool,
+    engine: &'m Engine,
 }
 
 impl<'m> Scheduled<'m> {
@@ -260,22 +271,8 @@ impl<'m> Scheduled<'m> {
         Ok(Scheduled {
             scheduler: Scheduler::new(&engine.model, &engine.tokenizer, config)?,
             n_ctx,
-            mode: engine.mode,
-            repacked: engine.repacked,
+            engine,
         })
-    }
-}
-
-impl Scheduled<'_> {
-    /// A failed step, explained: non-finite logits are traced to the first tensor that went
-    /// bad.
-    fn explain(&self, e: SchedulerError) -> Box<dyn Error> {
-        match e {
-            SchedulerError::Forward(ForwardError::NonFinite(e)) => {
-                e.locate(self.scheduler.model()).to_string().into()
-            }
-            e => e.into(),
-        }
     }
 }
 
@@ -322,7 +319,7 @@ impl Runner for Scheduled<'_> {
             let mut report = self
                 .scheduler
                 .step(&mut sink)
-                .map_err(|e| self.explain(e))?;
+                .map_err(|e| self.engine.explain_step(e))?;
             if let Some(i) = report.finished.iter().position(|f| f.id == id) {
                 break report.finished.swap_remove(i);
             }
@@ -344,12 +341,12 @@ impl Runner for Scheduled<'_> {
     }
 
     fn report(&self, json: &mut Map<String, Value>) {
-        let loader = match self.mode {
+        let loader = match self.engine.mode {
             LoadMode::Map(_) => "mmap",
             LoadMode::Read => "read",
         };
         json.insert("loader".into(), loader.into());
-        json.insert("repacked".into(), self.repacked.into());
+        json.insert("repacked".into(), self.engine.repacked.into());
         let memory = memory_stats().map(|m| {
             json!({
                 "peak_rss_kib": m.peak_rss,

@@ -481,9 +481,9 @@ impl ApiError {
     }
 
     /// A prompt that does not fit the context: 400, saying how many tokens fit.
-    pub fn context(prompt: usize, n_ctx: usize) -> ApiError {
+    pub fn context(param: &'static str, prompt: usize, n_ctx: usize) -> ApiError {
         ApiError {
-            param: Some("messages"),
+            param: Some(param),
             code: Some("context_length_exceeded"),
             ..ApiError::new(
                 400,

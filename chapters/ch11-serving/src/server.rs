@@ -252,13 +252,7 @@ async fn completions(
             }
             Prompt::Texts(_) => unreachable!("prompt() returns one text"),
         };
-        let vocab = l.engine.model.config.vocab_size;
-        if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!("token {t} is not below the vocabulary size {vocab}"),
-            ));
-        }
+        // Token ids outside the vocabulary are refused by the scheduler's `submit` (a 400).
         let stream = req.sampling.stream;
         let usage = req.sampling.stream_options.is_some_and(|o| o.include_usage);
         generate(
@@ -307,11 +301,15 @@ async fn generate(
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
+    let param = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completions => "prompt",
+    };
     if prompt.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
+        return Err(ApiError::invalid(param, "the prompt has no tokens"));
     }
     if prompt.len() > l.n_ctx {
-        return Err(ApiError::context(prompt.len(), l.n_ctx));
+        return Err(ApiError::context(param, prompt.len(), l.n_ctx));
     }
     // Generation ends when the context is full (the last token takes no position): that, or
     // the client's limit if smaller.
@@ -350,7 +348,7 @@ async fn generate(
         Some(Event::Accepted) => {}
         Some(Event::Rejected(m)) => {
             place.ended = true;
-            return Err(ApiError::invalid("messages", m));
+            return Err(ApiError::invalid(param, m));
         }
         _ => return Err(ApiError::internal("the engine thread has stopped")),
     }

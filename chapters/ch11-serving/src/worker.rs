@@ -8,10 +8,7 @@
 //! the command channel. Handlers never touch the model: they send a [`Job`] and read
 //! [`Event`]s.
 
-use ch10::{
-    Engine, ForwardError, GenParams, Request, RequestId, Scheduler, SchedulerConfig,
-    SchedulerError, Sink, StopReason,
-};
+use ch10::{Engine, GenParams, Request, RequestId, Scheduler, SchedulerConfig, Sink, StopReason};
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -283,7 +280,7 @@ fn engine_loop(
                 Err(e) => {
                     // The scheduler's state is unspecified after a failed step: every request
                     // in it fails, and a new scheduler takes the next ones.
-                    let message = explain(engine, e);
+                    let message = engine.explain_step(e).to_string();
                     for (_, l) in live.drain() {
                         let _ = l.events.send(Event::Failed(message.clone()));
                     }
@@ -297,14 +294,6 @@ fn engine_loop(
     }
 }
 // ANCHOR_END: engine_loop
-
-/// A failed step, explained: non-finite logits are traced to the first tensor that went bad.
-fn explain(engine: &Engine, e: SchedulerError) -> String {
-    match e {
-        SchedulerError::Forward(ForwardError::NonFinite(e)) => e.locate(&engine.model).to_string(),
-        e => e.to_string(),
-    }
-}
 
 fn pool_status(s: &Scheduler<'_, ch10::Model>) -> PoolStatus {
     let kv = s.kv();
