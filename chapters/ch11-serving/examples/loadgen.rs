@@ -37,6 +37,9 @@ struct Args {
     /// Run for this many seconds instead of `requests` requests.
     #[arg(long)]
     duration: Option<f64>,
+    /// The `model` of every request (a server with several models routes by it).
+    #[arg(long)]
+    model: Option<String>,
 }
 
 /// Words for prompts: common English words, one token each for most tokenizers.
@@ -65,12 +68,15 @@ fn prompt(i: usize, n: usize) -> String {
 }
 
 async fn one(client: &reqwest::Client, args: &Args, i: usize, t: &mut Tally) {
-    let body = json!({
+    let mut body = json!({
         "prompt": prompt(i, args.prompt_tokens),
         "max_tokens": args.max_tokens,
         "temperature": 0,
         "stream": true,
     });
+    if let Some(m) = &args.model {
+        body["model"] = json!(m);
+    }
     let t0 = Instant::now();
     t.requests += 1;
     let r = match client

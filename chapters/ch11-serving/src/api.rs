@@ -427,7 +427,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: u16, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             kind,
@@ -518,6 +518,19 @@ impl ApiError {
             code: Some("loading"),
             retry_after: Some(1),
             ..ApiError::new(503, "unavailable_error", "the model is loading")
+        }
+    }
+
+    /// The server is shutting down and takes no new requests: 503, to be retried elsewhere.
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            code: Some("shutting_down"),
+            retry_after: Some(1),
+            ..ApiError::new(
+                503,
+                "unavailable_error",
+                "the server is shutting down and takes no new requests",
+            )
         }
     }
 

@@ -127,6 +127,14 @@ impl ServeArgs {
 // ANCHOR: load
 /// Load the model as `args` say and start the engine thread.
 pub fn load(args: &ServeArgs) -> Result<Loaded, Box<dyn Error>> {
+    load_observed(args, Arc::new(()))
+}
+
+/// [`load`], with `observer` told what the engine thread does.
+pub fn load_observed(
+    args: &ServeArgs,
+    observer: Arc<dyn worker::Observer>,
+) -> Result<Loaded, Box<dyn Error>> {
     let path = match &args.model {
         Some(p) => p.clone(),
         None => shared::default_model_path()?,
@@ -144,7 +152,7 @@ pub fn load(args: &ServeArgs) -> Result<Loaded, Box<dyn Error>> {
         )
         .into());
     }
-    eprintln!("{}", engine.describe(&path));
+    let description = engine.describe(&path);
     let config = SchedulerConfig {
         max_batch_tokens: args.batch_tokens.max(args.parallel),
         max_running: args.parallel,
@@ -159,7 +167,7 @@ pub fn load(args: &ServeArgs) -> Result<Loaded, Box<dyn Error>> {
         name.strip_suffix(".gguf").unwrap_or(&name).to_string()
     });
     let engine = Arc::new(engine);
-    let worker = Worker::spawn(Arc::clone(&engine), config)
+    let worker = Worker::spawn(Arc::clone(&engine), config, observer)
         .map_err(|e| format!("--parallel {} --kv-size {kv_size}: {e}", args.parallel))?;
     Ok(Loaded {
         model_id,
@@ -167,19 +175,25 @@ pub fn load(args: &ServeArgs) -> Result<Loaded, Box<dyn Error>> {
         worker,
         n_ctx,
         parallel: args.parallel,
+        description,
     })
 }
 // ANCHOR_END: load
+
+/// The async runtime of a server: two threads are plenty for HTTP, since the model runs on
+/// its own thread and tokenizing on tokio's blocking pool.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
 
 /// The server: listen first (so `/health` answers "loading" while the model loads), load on
 /// another thread, serve until Ctrl-C.
 pub fn run(args: &ServeArgs) -> Result<(), Box<dyn Error>> {
     args.check()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
+    runtime()?.block_on(async {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
             format!(
@@ -193,6 +207,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Box<dyn Error>> {
         let load_args = args.clone();
         std::thread::spawn(move || match load(&load_args) {
             Ok(l) => {
+                eprintln!("{}", l.description);
                 eprintln!(
                     "ready: {} ({} at once, {} positions each)",
                     l.model_id, l.parallel, l.n_ctx

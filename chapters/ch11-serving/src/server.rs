@@ -13,7 +13,7 @@ use crate::worker::{Event, Job, Ticket, Worker};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Extension, State};
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,7 +22,7 @@ use ch10::{Engine, GenParams, Message};
 use futures_util::stream::{self, Stream};
 use serde_json::{Value, json};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -50,6 +50,8 @@ pub struct Loaded {
     pub n_ctx: usize,
     /// Requests that run at once (`--parallel`).
     pub parallel: usize,
+    /// What was loaded, in a line: the file, its format, the kernels and threads.
+    pub description: String,
 }
 
 /// Shared by every handler.
@@ -58,9 +60,15 @@ pub struct AppState {
     /// Set once the model is loaded; until then every endpoint but `/health` answers 503.
     pub loaded: OnceLock<Loaded>,
     in_flight: AtomicUsize,
+    draining: AtomicBool,
     next_response: AtomicU64,
     started: u64,
 }
+
+/// A request's name, put in its extensions by a layer in front of the routes (chapter 12's
+/// request id). The engine thread's [`Job::label`] is this, or the response's id without one.
+#[derive(Debug, Clone)]
+pub struct RequestLabel(pub Arc<str>);
 
 impl AppState {
     pub fn new(limits: Limits) -> Arc<AppState> {
@@ -68,6 +76,7 @@ impl AppState {
             limits,
             loaded: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
             next_response: AtomicU64::new(0),
             started: unix_now(),
         })
@@ -76,6 +85,15 @@ impl AppState {
     /// Requests holding a place: running, waiting, or streaming their last bytes.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Take no new requests (each is a 503 `shutting_down`); those already in go on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 
@@ -88,12 +106,22 @@ fn unix_now() -> u64 {
 // ANCHOR: router
 /// The routes: OpenAI's, llama-server's `/health`, and OpenAI errors for everything else.
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.limits.body_limit;
+    finish(routes().route("/health", get(health)), state)
+}
+
+/// OpenAI's routes, without a state yet: [`router`] adds `/health`; chapter 12 adds its own.
+pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
+}
+
+/// `routes` made a server: OpenAI errors for unknown paths and methods, the body limit, and
+/// a 500 for a panic in a handler.
+pub fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    let limit = state.limits.body_limit;
+    routes
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
@@ -149,27 +177,29 @@ async fn health(State(s): State<Arc<AppState>>) -> Response {
 
 /// `GET /v1/models`: the one model.
 async fn models(State(s): State<Arc<AppState>>) -> Response {
-    let Some(l) = s.loaded.get() else {
-        return ApiError::loading().into_response();
-    };
+    match model_card(&s) {
+        None => ApiError::loading().into_response(),
+        Some(card) => axum::Json(json!({"object": "list", "data": [card]})).into_response(),
+    }
+}
+
+/// The model's entry in `/v1/models`; `None` while it loads.
+pub fn model_card(s: &AppState) -> Option<Value> {
+    let l = s.loaded.get()?;
     let c = &l.engine.model.config;
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": l.model_id,
-            "object": "model",
-            "created": s.started,
-            "owned_by": "llm-rs",
-            "meta": {
-                "n_ctx": l.n_ctx,
-                "n_ctx_train": c.context_length,
-                "n_vocab": c.vocab_size,
-                "n_layer": c.n_layer,
-                "parallel": l.parallel,
-            },
-        }],
+    Some(json!({
+        "id": l.model_id,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "llm-rs",
+        "meta": {
+            "n_ctx": l.n_ctx,
+            "n_ctx_train": c.context_length,
+            "n_vocab": c.vocab_size,
+            "n_layer": c.n_layer,
+            "parallel": l.parallel,
+        },
     }))
-    .into_response()
 }
 
 /// The parsed body, or the error for it: 413 over the limit, 400 for anything else.
@@ -196,7 +226,11 @@ fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
 
 // ANCHOR: chat
 /// `POST /v1/chat/completions`.
-async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(s): State<Arc<AppState>>,
+    label: Option<Extension<RequestLabel>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let run = async {
         let l = s.loaded.get().ok_or_else(ApiError::loading)?;
         let req: ChatRequest = parse(&s, body)?;
@@ -214,9 +248,8 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
         let prompt = tokio::task::spawn_blocking(move || encode_chat(&engine, &messages))
             .await
             .map_err(|e| ApiError::internal(e.to_string()))??;
-        let stream = req.sampling.stream;
-        let usage = req.sampling.stream_options.is_some_and(|o| o.include_usage);
-        generate(&s, l, Endpoint::Chat, prompt, params, asked, stream, usage).await
+        let request = Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
+        generate(&s, l, request).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -235,6 +268,7 @@ fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiErr
 /// tokens written in it are parsed (there is no template whose markers to protect).
 async fn completions(
     State(s): State<Arc<AppState>>,
+    label: Option<Extension<RequestLabel>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = async {
@@ -253,19 +287,15 @@ async fn completions(
             Prompt::Texts(_) => unreachable!("prompt() returns one text"),
         };
         // Token ids outside the vocabulary are refused by the scheduler's `submit` (a 400).
-        let stream = req.sampling.stream;
-        let usage = req.sampling.stream_options.is_some_and(|o| o.include_usage);
-        generate(
-            &s,
-            l,
+        let request = Generate::new(
             Endpoint::Completions,
+            label,
             prompt,
             params,
             asked,
-            stream,
-            usage,
-        )
-        .await
+            &req.sampling,
+        );
+        generate(&s, l, request).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -288,19 +318,54 @@ impl Drop for Place {
     }
 }
 
-// ANCHOR: generate
-/// Run `prompt` and answer: one JSON response, or a stream of chunks.
-#[allow(clippy::too_many_arguments)]
-async fn generate(
-    s: &Arc<AppState>,
-    l: &Loaded,
+/// A checked request, ready to run.
+struct Generate {
     endpoint: Endpoint,
+    label: Option<Arc<str>>,
     prompt: Vec<u32>,
-    mut params: GenParams,
+    params: GenParams,
+    /// The client's token limit, if it gave one.
     asked: Option<usize>,
     stream: bool,
     include_usage: bool,
-) -> Result<Response, ApiError> {
+}
+
+impl Generate {
+    fn new(
+        endpoint: Endpoint,
+        label: Option<Extension<RequestLabel>>,
+        prompt: Vec<u32>,
+        params: GenParams,
+        asked: Option<usize>,
+        sampling: &crate::api::Sampling,
+    ) -> Generate {
+        Generate {
+            endpoint,
+            label: label.map(|Extension(RequestLabel(l))| l),
+            prompt,
+            params,
+            asked,
+            stream: sampling.stream,
+            include_usage: sampling
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+        }
+    }
+}
+
+// ANCHOR: generate
+/// Run `prompt` and answer: one JSON response, or a stream of chunks.
+async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Response, ApiError> {
+    let Generate {
+        endpoint,
+        label,
+        prompt,
+        mut params,
+        asked,
+        stream,
+        include_usage,
+    } = request;
     let param = match endpoint {
         Endpoint::Chat => "messages",
         Endpoint::Completions => "prompt",
@@ -316,6 +381,9 @@ async fn generate(
     params.max_tokens = asked.unwrap_or(usize::MAX).min(l.n_ctx - prompt.len() + 1);
 
     // A place in the queue, or 503.
+    if s.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
     let max = s.limits.max_in_flight;
     if s.in_flight
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
@@ -333,7 +401,17 @@ async fn generate(
     };
     let (tx, mut rx) = unbounded_channel();
     let prompt_tokens = prompt.len();
+    let response_id = format!(
+        "{}-{}",
+        if endpoint == Endpoint::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        },
+        s.next_response.fetch_add(1, Ordering::Relaxed)
+    );
     let job = Job {
+        label: label.unwrap_or_else(|| response_id.as_str().into()),
         prompt,
         params,
         deadline: Instant::now() + s.limits.timeout,
@@ -354,15 +432,7 @@ async fn generate(
     }
     let head = Head {
         endpoint,
-        id: format!(
-            "{}-{}",
-            if endpoint == Endpoint::Chat {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            },
-            s.next_response.fetch_add(1, Ordering::Relaxed)
-        ),
+        id: response_id,
         created: unix_now(),
         model: l.model_id.clone(),
     };

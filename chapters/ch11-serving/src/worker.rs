@@ -7,14 +7,22 @@
 //! step, send each request's new text to its channel. When nothing is left to do it sleeps on
 //! the command channel. Handlers never touch the model: they send a [`Job`] and read
 //! [`Event`]s.
+//!
+//! Two seams for what comes after (chapter 12 uses both): an [`Observer`] hears every step,
+//! token and ending as it happens, for metrics and logs; and [`Worker::close`] ends every
+//! request at once with its final event, for a shutdown that drains. A panic inside a step is
+//! caught: the requests in that step fail, and a fresh scheduler takes the next ones.
 
-use ch10::{Engine, GenParams, Request, RequestId, Scheduler, SchedulerConfig, Sink, StopReason};
+use ch10::{
+    Engine, GenParams, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport, StopReason,
+};
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A handler's number for its request, given before the scheduler numbers it.
@@ -22,6 +30,8 @@ pub type Ticket = u64;
 
 /// A request for the engine thread.
 pub struct Job {
+    /// The request's name in logs and for the [`Observer`] (chapter 12: its request id).
+    pub label: Arc<str>,
     pub prompt: Vec<u32>,
     pub params: GenParams,
     /// When the request's time is up: it then ends as if it had reached its token limit.
@@ -50,7 +60,8 @@ pub enum Event {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {
     pub stop: StopReason,
-    /// Ended by the server's time limit (reported as `length`).
+    /// Ended by the server: its time limit, or a shutdown's drain limit (reported as
+    /// `length`).
     pub timed_out: bool,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -75,9 +86,29 @@ pub struct PoolStatus {
     pub cached_tokens: usize,
 }
 
+// ANCHOR: observer
+/// Hears what the engine thread does, as it does it; called on the engine thread, so it must
+/// be quick (count, record, log). Every method does nothing unless implemented.
+pub trait Observer: Send + Sync {
+    /// A step ran: what it did, how long it took, and the scheduler's state after it.
+    fn step(&self, _report: &StepReport, _took: Duration, _status: &PoolStatus) {}
+    /// Request `label` sampled a token, `gap` after its previous one — or, for its first,
+    /// after it was submitted (`first`).
+    fn token(&self, _label: &str, _first: bool, _gap: Duration) {}
+    /// Request `label` ended.
+    fn done(&self, _label: &str, _outcome: &Outcome) {}
+    /// A step failed (an error or a panic) and took request `label` with it.
+    fn failed(&self, _label: &str, _message: &str) {}
+}
+// ANCHOR_END: observer
+
+/// Hears nothing.
+impl Observer for () {}
+
 enum Command {
     Submit(Ticket, Job),
     Cancel(Ticket),
+    Close,
 }
 
 /// The handlers' side of the engine thread.
@@ -90,8 +121,13 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Start the engine thread on `engine` with a scheduler configured by `config`.
-    pub fn spawn(engine: Arc<Engine>, config: SchedulerConfig) -> Result<Worker, Box<dyn Error>> {
+    /// Start the engine thread on `engine` with a scheduler configured by `config`, telling
+    /// `observer` what it does.
+    pub fn spawn(
+        engine: Arc<Engine>,
+        config: SchedulerConfig,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Worker, Box<dyn Error>> {
         // Built here first, so that a bad configuration is an error now, not in the thread.
         let first = Scheduler::new(&engine.model, &engine.tokenizer, config.clone())?;
         let status = Arc::new(Mutex::new(pool_status(&first)));
@@ -115,7 +151,7 @@ impl Worker {
                     }
                 }
                 let _alive = Alive(alive);
-                engine_loop(&engine, config, rx, &status);
+                engine_loop(&engine, config, rx, &status, &*observer);
             })?;
         Ok(worker)
     }
@@ -132,6 +168,13 @@ impl Worker {
         let _ = self.commands.send(Command::Cancel(ticket));
     }
 
+    /// End every request now, running or waiting, each with its final event (`length`), and
+    /// every one submitted later as soon as it arrives: what a shutdown does when its drain
+    /// limit is reached.
+    pub fn close(&self) {
+        let _ = self.commands.send(Command::Close);
+    }
+
     pub fn status(&self) -> PoolStatus {
         *self.status.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -145,15 +188,21 @@ impl Worker {
 /// A request the engine thread holds.
 struct Live {
     ticket: Ticket,
+    label: Arc<str>,
     events: UnboundedSender<Event>,
     deadline: Instant,
     prompt_tokens: usize,
+    /// When it was submitted, then when it sampled its last token.
+    last: Instant,
+    first: bool,
 }
 
-/// Sends each request's text to its channel, and notes whose channel is closed.
+/// Sends each request's text to its channel, notes whose channel is closed, and tells the
+/// observer of every token.
 struct Streams<'a> {
-    live: &'a HashMap<RequestId, Live>,
+    live: &'a mut HashMap<RequestId, Live>,
     gone: &'a mut Vec<RequestId>,
+    observer: &'a dyn Observer,
 }
 
 impl Sink for Streams<'_> {
@@ -164,6 +213,26 @@ impl Sink for Streams<'_> {
             self.gone.push(id);
         }
     }
+
+    fn token(&mut self, id: RequestId, _token: u32, _logits: &[f32]) {
+        if let Some(l) = self.live.get_mut(&id) {
+            let now = Instant::now();
+            self.observer.token(&l.label, l.first, now - l.last);
+            l.last = now;
+            l.first = false;
+        }
+    }
+}
+
+/// What a caught panic said.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
 }
 
 // ANCHOR: engine_loop
@@ -172,6 +241,7 @@ fn engine_loop(
     config: SchedulerConfig,
     commands: mpsc::Receiver<Command>,
     status: &Mutex<PoolStatus>,
+    observer: &dyn Observer,
 ) {
     let new_scheduler = || {
         Scheduler::new(&engine.model, &engine.tokenizer, config.clone())
@@ -181,6 +251,7 @@ fn engine_loop(
     let mut live: HashMap<RequestId, Live> = HashMap::new();
     let mut tickets: HashMap<Ticket, RequestId> = HashMap::new();
     let mut gone: Vec<RequestId> = Vec::new();
+    let mut closed = false;
     loop {
         // 1. Commands; with nothing to run, sleep until one comes.
         let first = if scheduler.is_idle() {
@@ -195,6 +266,7 @@ fn engine_loop(
             match command {
                 Command::Submit(ticket, job) => {
                     let prompt_tokens = job.prompt.len();
+                    let submitted = Instant::now();
                     let request = Request {
                         prompt: job.prompt,
                         params: job.params,
@@ -207,9 +279,12 @@ fn engine_loop(
                                 id,
                                 Live {
                                     ticket,
+                                    label: job.label,
                                     events: job.events,
                                     deadline: job.deadline,
                                     prompt_tokens,
+                                    last: submitted,
+                                    first: true,
                                 },
                             );
                         }
@@ -223,16 +298,18 @@ fn engine_loop(
                         gone.push(*id);
                     }
                 }
+                Command::Close => closed = true,
             }
         }
 
-        // 2. Requests whose client left, or whose time is up, leave before the step.
+        // 2. Requests whose client left, or whose time is up (or all, once closed), leave
+        //    before the step.
         let now = Instant::now();
         let mut late = Vec::new();
         for (&id, l) in &live {
             if l.events.is_closed() {
                 gone.push(id);
-            } else if now >= l.deadline {
+            } else if closed || now >= l.deadline {
                 late.push(id);
             }
         }
@@ -242,7 +319,7 @@ fn engine_loop(
             {
                 tickets.remove(&l.ticket);
                 let timed_out = late.contains(&id);
-                let _ = l.events.send(Event::Done(Outcome {
+                let outcome = Outcome {
                     stop: if timed_out {
                         StopReason::MaxTokens
                     } else {
@@ -252,36 +329,53 @@ fn engine_loop(
                     prompt_tokens: l.prompt_tokens,
                     completion_tokens: f.ids.len(),
                     cached_tokens: f.cached_tokens.min(l.prompt_tokens),
-                }));
+                };
+                observer.done(&l.label, &outcome);
+                let _ = l.events.send(Event::Done(outcome));
             }
         }
 
-        // 3. One step for everyone.
+        // 3. One step for everyone. A panic inside it (a bug, or chapter 12's injected fault)
+        //    is caught and handled as a failed step, so one bad step does not end the server.
         if !scheduler.is_idle() {
+            let started = Instant::now();
             let mut sink = Streams {
-                live: &live,
+                live: &mut live,
                 gone: &mut gone,
+                observer,
             };
-            match scheduler.step(&mut sink) {
+            let result = match catch_unwind(AssertUnwindSafe(|| scheduler.step(&mut sink))) {
+                Ok(Ok(report)) => Ok(report),
+                Ok(Err(e)) => Err(engine.explain_step(e).to_string()),
+                Err(p) => Err(format!("the engine panicked: {}", panic_message(&*p))),
+            };
+            match result {
                 Ok(report) => {
-                    for f in report.finished {
+                    let took = started.elapsed();
+                    for f in &report.finished {
                         if let Some(l) = live.remove(&f.id) {
                             tickets.remove(&l.ticket);
-                            let _ = l.events.send(Event::Done(Outcome {
+                            let outcome = Outcome {
                                 stop: f.stop,
                                 timed_out: false,
                                 prompt_tokens: l.prompt_tokens,
                                 completion_tokens: f.ids.len(),
                                 cached_tokens: f.cached_tokens.min(l.prompt_tokens),
-                            }));
+                            };
+                            observer.done(&l.label, &outcome);
+                            let _ = l.events.send(Event::Done(outcome));
                         }
                     }
+                    let now = pool_status(&scheduler);
+                    observer.step(&report, took, &now);
+                    *status.lock().unwrap_or_else(|e| e.into_inner()) = now;
+                    continue;
                 }
-                Err(e) => {
+                Err(message) => {
                     // The scheduler's state is unspecified after a failed step: every request
                     // in it fails, and a new scheduler takes the next ones.
-                    let message = engine.explain_step(e).to_string();
                     for (_, l) in live.drain() {
+                        observer.failed(&l.label, &message);
                         let _ = l.events.send(Event::Failed(message.clone()));
                     }
                     tickets.clear();

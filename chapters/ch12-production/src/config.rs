@@ -1,0 +1,249 @@
+//! Configuration from three places, in one order: flags, then environment variables, then a
+//! TOML file, then the defaults.
+//!
+//! A server in a container is configured by its orchestrator's environment; one on a machine
+//! by a file an operator edits; a person trying something by flags. Every setting can come
+//! from each, and the most specific wins: a flag beats `LLM_RS_<FLAG>`, which beats the file
+//! named by `--config` (or `LLM_RS_CONFIG`), which beats the built-in default. The keys of the
+//! file are the flags' long names (`port = 8080`, `drain-timeout = 30`; `batch_tokens` is
+//! accepted for `batch-tokens`), and an unknown key is an error naming it.
+//!
+//! It works for any clap parser: the environment names are added to its arguments, and the
+//! file's values are given to clap as flags — but only for settings that neither the command
+//! line nor the environment gave, so clap checks every value the same way wherever it came
+//! from.
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, Command, Parser};
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Prefix of the environment variables: `--drain-timeout` is `LLM_RS_DRAIN_TIMEOUT`.
+pub const ENV_PREFIX: &str = "LLM_RS_";
+
+/// A configuration file larger than this is refused before it is read: a settings file is a
+/// few hundred bytes, and a path pointing at a model or a device should not be read whole.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// What is wrong with the configuration.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// A flag or environment variable clap refused (it prints its own usage).
+    Clap(clap::Error),
+    /// The configuration file: which, and what is wrong in it.
+    File(PathBuf, String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Clap(e) => write!(f, "{e}"),
+            ConfigError::File(p, m) => write!(f, "config file {}: {m}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// `P`'s command with an environment variable for every flag but help, version and hidden
+/// ones.
+pub fn command<P: Parser>() -> Command {
+    P::command().mut_args(|a| {
+        let skip = a.is_hide_set()
+            || a.get_long().is_none()
+            || matches!(a.get_action(), ArgAction::Help | ArgAction::Version);
+        if skip {
+            return a;
+        }
+        let name = format!("{ENV_PREFIX}{}", a.get_id().as_str().to_uppercase());
+        a.env(name)
+    })
+}
+
+// ANCHOR: parse
+/// Parse `argv` (program name first) with the environment and the file named by `config_id`'s
+/// value, in the order of the module's docs.
+pub fn parse_from<P: Parser>(argv: Vec<OsString>, config_id: &str) -> Result<P, ConfigError> {
+    let cmd = command::<P>();
+    let first = cmd
+        .clone()
+        .try_get_matches_from(&argv)
+        .map_err(ConfigError::Clap)?;
+    let Some(path) = first.get_one::<PathBuf>(config_id).cloned() else {
+        return P::from_arg_matches(&first).map_err(ConfigError::Clap);
+    };
+    let table = read_table(&path)?;
+    // The file's settings become flags, placed before the real ones, for each setting the
+    // command line and the environment left at its default.
+    let mut from_file: Vec<OsString> = Vec::new();
+    for (key, value) in &table {
+        let err = |m: String| ConfigError::File(path.clone(), m);
+        let long = key.replace('_', "-");
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long.as_str()) && !a.is_hide_set())
+            .ok_or_else(|| {
+                err(format!(
+                    "unknown key {key:?} (the keys are: {})",
+                    keys(&cmd)
+                ))
+            })?;
+        if arg.get_id() == config_id {
+            return Err(err(format!("{key:?} cannot name another file")));
+        }
+        let given = matches!(
+            first.value_source(arg.get_id().as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        if given {
+            continue;
+        }
+        let flag = format!("--{long}");
+        match (value, arg.get_action()) {
+            (toml::Value::Boolean(true), ArgAction::SetTrue) => from_file.push(flag.into()),
+            (toml::Value::Boolean(false), ArgAction::SetTrue) => {}
+            (_, ArgAction::SetTrue) => {
+                return Err(err(format!("{key:?} is a switch: give true or false")));
+            }
+            (toml::Value::String(s), _) => from_file.extend([flag.into(), s.into()]),
+            (toml::Value::Integer(i), _) => from_file.extend([flag, i.to_string()].map(Into::into)),
+            (toml::Value::Float(x), _) => from_file.extend([flag, x.to_string()].map(Into::into)),
+            (v, _) => {
+                return Err(err(format!(
+                    "{key:?} must be a string or a number, not {}",
+                    v.type_str()
+                )));
+            }
+        }
+    }
+    let mut layered = Vec::with_capacity(argv.len() + from_file.len());
+    let mut rest = argv.into_iter();
+    layered.extend(rest.next());
+    layered.extend(from_file);
+    layered.extend(rest);
+    let matches = cmd.try_get_matches_from(layered).map_err(|e| {
+        // clap's message names the flag; say that the value came from the file.
+        ConfigError::File(path.clone(), e.to_string())
+    })?;
+    P::from_arg_matches(&matches).map_err(ConfigError::Clap)
+}
+// ANCHOR_END: parse
+
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    let err = |m: String| ConfigError::File(path.to_path_buf(), m);
+    let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(err(format!(
+            "{} bytes, more than a configuration file holds ({MAX_CONFIG_BYTES})",
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    text.parse::<toml::Table>().map_err(|e| err(e.to_string()))
+}
+
+fn keys(cmd: &Command) -> String {
+    let mut keys: Vec<&str> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .filter(|l| !matches!(*l, "help" | "version"))
+        .collect();
+    keys.sort_unstable();
+    keys.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Parser, Debug)]
+    struct Demo {
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        #[arg(long, default_value = "text")]
+        log_format: String,
+        #[arg(long)]
+        no_repack: bool,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    }
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        std::iter::once("demo")
+            .chain(args.iter().copied())
+            .map(Into::into)
+            .collect()
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    /// For the one test that sets the environment, which is process-wide: its variable,
+    /// `LLM_RS_LAYERS_PORT`, is read by no other test.
+    #[derive(Parser, Debug)]
+    struct Layers {
+        #[arg(long, default_value_t = 8080)]
+        layers_port: u16,
+        #[arg(long, default_value = "text")]
+        log_format: String,
+        #[arg(long)]
+        no_repack: bool,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    }
+
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_the_default() {
+        let f = file("layers-port = 9000\nlog-format = \"json\"\nno_repack = true\n");
+        let c = f.path().to_str().unwrap();
+        let d: Layers = parse_from(argv(&[]), "config").unwrap();
+        assert_eq!(
+            (d.layers_port, d.log_format.as_str(), d.no_repack),
+            (8080, "text", false)
+        );
+        let d: Layers = parse_from(argv(&["--config", c]), "config").unwrap();
+        assert_eq!(
+            (d.layers_port, d.log_format.as_str(), d.no_repack),
+            (9000, "json", true)
+        );
+        // SAFETY: no other test reads or writes this variable, and none sets any.
+        unsafe { std::env::set_var("LLM_RS_LAYERS_PORT", "9100") };
+        let d: Layers = parse_from(argv(&["--config", c]), "config").unwrap();
+        assert_eq!(d.layers_port, 9100, "the environment beats the file");
+        let args = ["--config", c, "--layers-port", "9200"];
+        let d: Layers = parse_from(argv(&args), "config").unwrap();
+        assert_eq!(d.layers_port, 9200, "a flag beats the environment");
+        unsafe { std::env::remove_var("LLM_RS_LAYERS_PORT") };
+    }
+
+    #[test]
+    fn a_bad_file_is_an_error_naming_the_file_and_the_key() {
+        for (text, expect) in [
+            ("prot = 1", "unknown key \"prot\""),
+            ("port = \"many\"", "invalid value 'many' for '--port"),
+            (
+                "port = [1]",
+                "\"port\" must be a string or a number, not array",
+            ),
+            ("no-repack = 1", "\"no-repack\" is a switch"),
+            ("config = \"x\"", "cannot name another file"),
+            ("port = ", "expected"),
+        ] {
+            let f = file(text);
+            let c = f.path().to_str().unwrap();
+            let e = parse_from::<Demo>(argv(&["--config", c]), "config").unwrap_err();
+            let m = e.to_string();
+            assert!(m.contains(c) && m.contains(expect), "{text}: {m}");
+        }
+        let e = parse_from::<Demo>(argv(&["--config", "/nonexistent.toml"]), "config");
+        assert!(e.unwrap_err().to_string().contains("/nonexistent.toml"));
+    }
+}

@@ -1,0 +1,277 @@
+//! Chapter 12: production — chapter 11's server, ready to run for real and to be watched.
+//!
+//! Nothing here changes what the engine computes. This chapter adds what an operator needs to
+//! run the server unattended, each on a seam chapter 11 exposes:
+//! - [`metrics`]: `GET /metrics` in Prometheus's format, from an [`Observer`] of the engine
+//!   thread and a layer in front of the routes;
+//! - [`app`]: request ids, a `tracing` span per request and JSON logs (`--log-format json`),
+//!   `/health` and `/ready`, A/B serving of two models, a time limit on request bodies, and the
+//!   test-only fault injection;
+//! - [`serve`]: an accept loop with a time limit on request headers, and a shutdown that
+//!   drains (SIGTERM: stop accepting, finish what is in flight within `--drain-timeout`, end
+//!   the rest with their final events, exit 0);
+//! - [`config`]: every flag also from `LLM_RS_<FLAG>` and from a TOML file.
+//!
+//! Faults: a panic inside a step fails the requests of that step with a 500 and the engine
+//! goes on with a fresh scheduler (chapter 11's worker catches it); a panic in a handler is a
+//! 500 for that request. If an engine thread dies anyway, `/health` turns 500 and the process
+//! exits with [`EXIT_ENGINE_DIED`], for the orchestrator to restart it: a process that cannot
+//! serve is better replaced than kept.
+//!
+//! `cargo run --release -p ch12 -- [--config FILE] [--port 8080] [--parallel N] …`; `--help`
+//! lists every flag with its environment variable.
+//!
+//! [`Observer`]: ch11::worker::Observer
+
+pub mod app;
+pub mod config;
+pub mod metrics;
+pub mod serve;
+
+use app::App;
+use clap::{Parser, ValueEnum};
+use std::error::Error;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything earlier chapters offer, so `ch12` reads as "the engine as of chapter 12".
+pub use ch11::{self, *};
+
+/// The exit status when an engine thread has died: not 0, so that an orchestrator restarts
+/// the server; 70 is `EX_SOFTWARE` of sysexits.h, "an internal software error".
+pub const EXIT_ENGINE_DIED: i32 = 70;
+
+/// How often the watchdog looks at the engine threads.
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(250);
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event, for a person at a terminal.
+    Text,
+    /// One JSON object per line, for a log collector.
+    Json,
+}
+
+// ANCHOR: args
+/// The production server's flags: chapter 11's, and this chapter's.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "ch12",
+    about = "Serve GGUF models over HTTP with OpenAI's API: metrics, logs, a graceful shutdown.",
+    long_about = None,
+    after_help = "Every flag can also be set by the environment variable shown with it, or by a \
+                  key of the TOML file given with --config (the flag's name: port = 8080). A \
+                  flag beats the variable, which beats the file, which beats the default.",
+    max_term_width = 100
+)]
+pub struct Args {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// TOML file of settings, keyed by the flags' names.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Log lines as text or as JSON objects; the levels come from RUST_LOG (default "info").
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// On SIGTERM or SIGINT, seconds the requests in flight have to finish before they are
+    /// ended (each with its final event); the process exits at most 2 s later.
+    #[arg(long, default_value_t = 30)]
+    pub drain_timeout: u64,
+    /// Seconds a client may take to send a request's headers before its connection is closed.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a client may take to send a request's body before it is answered 408.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout: u64,
+    /// A second model to serve (A/B): requests naming it go to it, and a share of those naming
+    /// no model (--split-b).
+    #[arg(long)]
+    pub model_b: Option<PathBuf>,
+    /// Name of the second model (default: its file name without .gguf).
+    #[arg(long)]
+    pub alias_b: Option<String>,
+    /// Share of requests naming no model that go to the second model, from 0 to 1.
+    #[arg(long, default_value_t = 0.5)]
+    pub split_b: f64,
+    /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
+    #[arg(long, hide = true)]
+    pub fault_injection: bool,
+}
+// ANCHOR_END: args
+
+impl Args {
+    /// Parse the command line, the environment and the configuration file.
+    pub fn load() -> Result<Args, config::ConfigError> {
+        config::parse_from(std::env::args_os().collect(), "config")
+    }
+
+    /// Refuse settings that cannot work, before anything loads.
+    pub fn check(&self) -> Result<(), String> {
+        self.serve.check()?;
+        if !(0.0..=1.0).contains(&self.split_b) {
+            return Err(format!(
+                "--split-b {} must be between 0 and 1",
+                self.split_b
+            ));
+        }
+        for (flag, v) in [
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+        ] {
+            if v == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        // A duration that overflows the clock is no limit; a day is past any use.
+        const DAY: u64 = 86_400;
+        for (flag, v) in [
+            ("--drain-timeout", self.drain_timeout),
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+            ("--timeout", self.serve.timeout),
+        ] {
+            if v > DAY {
+                return Err(format!("{flag} {v} is more than a day ({DAY} s)"));
+            }
+        }
+        if self.model_b.is_none() && self.alias_b.is_some() {
+            return Err("--alias-b names a second model, but there is no --model-b".into());
+        }
+        Ok(())
+    }
+
+    /// The variants to serve: `a` from the flags, and `b` if `--model-b` is given.
+    pub fn variants(&self) -> Vec<(&'static str, ServeArgs)> {
+        let mut v = vec![("a", self.serve.clone())];
+        if let Some(m) = &self.model_b {
+            let mut b = self.serve.clone();
+            b.model = Some(m.clone());
+            b.alias = self.alias_b.clone();
+            v.push(("b", b));
+        }
+        v
+    }
+
+    /// The application, not loaded yet.
+    pub fn app(&self) -> App {
+        App::new(
+            self.variants(),
+            self.split_b,
+            self.fault_injection,
+            [
+                Duration::from_secs(self.body_timeout),
+                Duration::from_secs(self.header_timeout),
+                Duration::from_secs(self.drain_timeout),
+            ],
+        )
+    }
+}
+
+/// Logs to standard error as `format` says, at the levels of `RUST_LOG` (default `info`), and
+/// panics as log lines too. Standard error is written unbuffered: nothing is left to flush at
+/// exit.
+pub fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().with_current_span(true).try_init(),
+    };
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let location = info.location().map(|l| l.to_string()).unwrap_or_default();
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(
+            thread = thread.name().unwrap_or("unnamed"),
+            location,
+            "panic: {message}"
+        );
+    }));
+}
+
+/// Load every variant, one after the other, on this thread; exit 1 if one fails.
+fn load_all(app: &App) {
+    for v in &app.variants {
+        let started = Instant::now();
+        match ch11::load_observed(&v.args, app.observer(v.name)) {
+            Ok(l) => {
+                let took = started.elapsed();
+                app.metrics.model_loaded(v.name, took);
+                tracing::info!(
+                    variant = v.name,
+                    model = l.model_id,
+                    parallel = l.parallel,
+                    n_ctx = l.n_ctx,
+                    load_s = took.as_secs_f64(),
+                    "loaded: {}",
+                    l.description
+                );
+                let taken = app
+                    .variants
+                    .iter()
+                    .filter_map(|o| o.state.loaded.get())
+                    .any(|o| o.model_id == l.model_id);
+                if taken {
+                    tracing::error!(
+                        "both variants are named {:?}: give --alias-b another name",
+                        l.model_id
+                    );
+                    std::process::exit(1);
+                }
+                let _ = v.state.loaded.set(l);
+            }
+            Err(e) => {
+                tracing::error!(variant = v.name, "cannot load the model: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    tracing::info!("ready");
+}
+
+// ANCHOR: run
+/// The server: listen first (so that `/health` answers while the models load), load on
+/// another thread, watch the engine threads, serve until SIGTERM or SIGINT, drain, return.
+pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
+    args.check()?;
+    ch11::runtime()?.block_on(async {
+        let (host, port) = (&args.serve.host, args.serve.port);
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+            .await
+            .map_err(|e| format!("--host {host} --port {port}: cannot listen: {e}"))?;
+        tracing::info!("listening on http://{}", listener.local_addr()?);
+        let app = Arc::new(args.app());
+        let loading = Arc::clone(&app);
+        std::thread::Builder::new()
+            .name("load".into())
+            .spawn(move || load_all(&loading))?;
+        let watched = Arc::clone(&app);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCHDOG_PERIOD).await;
+                if let Some(v) = watched.dead_engine() {
+                    tracing::error!(
+                        variant = v,
+                        "the engine thread has died; exiting for the orchestrator to restart \
+                         the server"
+                    );
+                    std::process::exit(EXIT_ENGINE_DIED);
+                }
+            }
+        });
+        serve::serve(listener, app, serve::signal()).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+// ANCHOR_END: run
