@@ -114,12 +114,14 @@ pub fn dequantize_row_bf16(x: &[u8], y: &mut [f32]) {
 /// signed bytes `q`. Weight `i` is `q[i] * d`.
 pub fn dequantize_row_q8_0(x: &[u8], y: &mut [f32]) {
     const BLOCK_BYTES: usize = 2 + QK8_0;
+    // ANCHOR: yours_dequantize_q8_0
     for (block, y) in x.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK8_0)) {
         let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
         for (y, &q) in y.iter_mut().zip(&block[2..]) {
             *y = q as i8 as f32 * d;
         }
     }
+    // ANCHOR_END: yours_dequantize_q8_0
 }
 // ANCHOR_END: q8_0
 
@@ -129,6 +131,7 @@ pub fn dequantize_row_q8_0(x: &[u8], y: &mut [f32]) {
 /// weight `j + 16` in its high nibble. Weight `i` is `q[i] * d + m`.
 pub fn dequantize_row_q4_1(x: &[u8], y: &mut [f32]) {
     const BLOCK_BYTES: usize = 2 + 2 + QK4_1 / 2;
+    // ANCHOR: yours_dequantize_q4_1
     for (block, y) in x.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK4_1)) {
         let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
         let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
@@ -138,6 +141,7 @@ pub fn dequantize_row_q4_1(x: &[u8], y: &mut [f32]) {
             hi[j] = (q >> 4) as f32 * d + m;
         }
     }
+    // ANCHOR_END: yours_dequantize_q4_1
 }
 // ANCHOR_END: q4_1
 

@@ -178,6 +178,7 @@ impl Bpe {
         for i in 1..n {
             self.push_candidate(symbols, queue, i - 1, i);
         }
+        // ANCHOR: yours_merge_loop
         while let Some(Reverse((rank, left, right, left_id, right_id, merged))) = queue.pop() {
             let (l, r) = (symbols[left], symbols[right]);
             // Stale: one side has merged since this pair was queued.
@@ -196,6 +197,7 @@ impl Bpe {
             self.push_candidate(symbols, queue, l.prev, left);
             self.push_candidate(symbols, queue, left, r.next);
         }
+        // ANCHOR_END: yours_merge_loop
     }
 
     fn push_candidate(
@@ -205,6 +207,7 @@ impl Bpe {
         l: usize,
         r: usize,
     ) {
+        // ANCHOR: yours_push_candidate
         if l == usize::MAX || r == usize::MAX {
             return;
         }
@@ -215,6 +218,7 @@ impl Bpe {
         if let Some(m) = self.merges.get(&pair_key(a, b)) {
             queue.push(Reverse((m.rank, l, r, a, b, m.id)));
         }
+        // ANCHOR_END: yours_push_candidate
     }
     // ANCHOR_END: merge
 }

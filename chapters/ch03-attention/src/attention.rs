@@ -26,6 +26,7 @@ use ch01::{Config, GgufFile};
 /// `(0, 1]`, so nothing overflows, and the result is unchanged because softmax is invariant to
 /// shifting all inputs. The sum is accumulated in f64, as ggml does.
 pub fn softmax(x: &mut [f32]) {
+    // ANCHOR: yours_softmax
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
     for v in x.iter_mut() {
@@ -36,6 +37,7 @@ pub fn softmax(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
+    // ANCHOR_END: yours_softmax
 }
 // ANCHOR_END: softmax
 
@@ -123,6 +125,7 @@ impl Attention {
         probs: &mut [f32],
         out: &mut [f32],
     ) {
+        // ANCHOR: yours_attend
         let hd = self.head_dim;
         let group = self.n_head / self.n_head_kv; // query heads per KV head
         let scale = 1.0 / (hd as f32).sqrt();
@@ -145,6 +148,7 @@ impl Attention {
                 }
             }
         }
+        // ANCHOR_END: yours_attend
     }
     // ANCHOR_END: attend
 }

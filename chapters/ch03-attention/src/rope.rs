@@ -39,6 +39,7 @@ impl RopeTable {
         style: RopeStyle,
         n_pos: usize,
     ) -> RopeTable {
+        // ANCHOR: yours_rope_table
         assert!(
             n_rot.is_multiple_of(2),
             "RoPE rotates pairs: n_rot must be even"
@@ -61,6 +62,7 @@ impl RopeTable {
             style,
             cos_sin,
         }
+        // ANCHOR_END: yours_rope_table
     }
 
     /// Number of positions the table covers.
@@ -70,6 +72,7 @@ impl RopeTable {
 
     /// Rotate every head of `x` (`(n_heads, head_dim)`, one token) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        // ANCHOR: yours_rope_apply
         let half = self.n_rot / 2;
         let cs = &self.cos_sin[pos * self.n_rot..(pos + 1) * self.n_rot];
         for head in x.chunks_exact_mut(head_dim) {
@@ -84,6 +87,7 @@ impl RopeTable {
                 head[b] = x0 * sin + x1 * cos;
             }
         }
+        // ANCHOR_END: yours_rope_apply
     }
 }
 // ANCHOR_END: rope

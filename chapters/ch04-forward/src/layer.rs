@@ -14,6 +14,7 @@ use ch03::{AttentionWeights, Config, GgufFile, Observer, Scalar};
 /// Unlike LayerNorm it does not subtract the mean: only the scale of the vector is normalised.
 /// The sum of squares is accumulated in f64, as ggml does, so long rows lose no precision.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    // ANCHOR: yours_rms_norm
     let d = weight.len();
     for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
@@ -23,13 +24,16 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
             *o = (v * scale) * w;
         }
     }
+    // ANCHOR_END: yours_rms_norm
 }
 // ANCHOR_END: rms_norm
 
 // ANCHOR: ffn
 /// SiLU (also called swish): `x · sigmoid(x)`.
 pub fn silu(x: f32) -> f32 {
+    // ANCHOR: yours_silu
     x / (1.0 + (-x).exp())
+    // ANCHOR_END: yours_silu
 }
 
 /// The feed-forward block: `down(silu(gate(x)) ⊙ up(x))`, SwiGLU.
@@ -57,6 +61,7 @@ impl FeedForward {
         let n = x.len() / self.gate.cols();
         gate.resize(n * n_ff, 0.0); // (n, n_ff)
         up.resize(n * n_ff, 0.0); // (n, n_ff)
+        // ANCHOR: yours_ffn
         self.gate.matmul(x, gate);
         self.up.matmul(x, up);
         if obs.enabled() {
@@ -68,6 +73,7 @@ impl FeedForward {
             obs.observe(&format!("ffn_swiglu-{layer}"), &[n, n_ff], gate);
         }
         self.down.matmul(gate, out);
+        // ANCHOR_END: yours_ffn
     }
 
     /// [`FeedForward::forward_with`] on the scalar reference, with buffers of its own.

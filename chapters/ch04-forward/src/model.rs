@@ -417,6 +417,7 @@ impl Model {
         if obs.enabled() {
             obs.observe("inp_embd", &[n, d], x);
         }
+        // ANCHOR: yours_layers
         for (l, w) in self.weights.layers.iter().enumerate() {
             ops.rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, h);
             if obs.enabled() {
@@ -442,6 +443,7 @@ impl Model {
                 obs.observe(&format!("l_out-{l}"), &[n, d], x);
             }
         }
+        // ANCHOR_END: yours_layers
 
         // Only the rows whose logits are wanted go through the final norm and the output
         // projection, which is the largest matrix of this model (vocab × d_model).

@@ -149,15 +149,18 @@ pub fn softmax(c: &mut [Candidate]) {
 
 /// Keep the `k` candidates with the highest logits (all when `k` is 0).
 pub fn top_k(c: &mut Vec<Candidate>, k: usize) {
+    // ANCHOR: yours_top_k
     if k == 0 || k >= c.len() {
         return;
     }
     c.select_nth_unstable_by(k - 1, |a, b| b.logit.total_cmp(&a.logit));
     c.truncate(k);
+    // ANCHOR_END: yours_top_k
 }
 
 /// Keep the most likely candidates until their probabilities add up to at least `p`.
 pub fn top_p(c: &mut Vec<Candidate>, p: f32) {
+    // ANCHOR: yours_top_p
     if p >= 1.0 || c.is_empty() {
         return;
     }
@@ -170,6 +173,7 @@ pub fn top_p(c: &mut Vec<Candidate>, p: f32) {
             return;
         }
     }
+    // ANCHOR_END: yours_top_p
 }
 
 /// Keep candidates whose probability is at least `p` times the largest one. In logits:
@@ -186,6 +190,7 @@ pub fn min_p(c: &mut Vec<Candidate>, p: f32) {
 /// Divide logits by `t`: below 1 sharpens the distribution, above 1 flattens it. At 0 or
 /// below only the most likely candidate is kept (greedy).
 pub fn temperature(c: &mut Vec<Candidate>, t: f32) {
+    // ANCHOR: yours_temperature
     if c.is_empty() {
         return;
     }
@@ -203,6 +208,7 @@ pub fn temperature(c: &mut Vec<Candidate>, t: f32) {
     for x in c.iter_mut() {
         x.logit /= t;
     }
+    // ANCHOR_END: yours_temperature
 }
 // ANCHOR_END: stages
 

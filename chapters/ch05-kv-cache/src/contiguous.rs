@@ -114,7 +114,9 @@ impl ContiguousCache {
     }
 
     fn slot(&self, layer: usize, pos: usize) -> usize {
+        // ANCHOR: yours_slot
         (layer * self.capacity + pos % self.capacity) * self.kv_dim
+        // ANCHOR_END: yours_slot
     }
 }
 // ANCHOR_END: contiguous

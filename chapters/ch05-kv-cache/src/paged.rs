@@ -41,9 +41,11 @@ impl BlockAllocator {
 
     /// A free block, now with one user; `None` when the pool is exhausted.
     pub fn allocate(&mut self) -> Option<BlockId> {
+        // ANCHOR: yours_allocate
         let b = self.free.pop()?;
         self.refs[b as usize] = 1;
         Some(b)
+        // ANCHOR_END: yours_allocate
     }
 
     /// One more user of an allocated block.
@@ -54,12 +56,14 @@ impl BlockAllocator {
 
     /// One user fewer; the block returns to the free list when it has none.
     pub fn release(&mut self, b: BlockId) {
+        // ANCHOR: yours_release
         let r = &mut self.refs[b as usize];
         assert!(*r > 0, "release of free block {b}");
         *r -= 1;
         if *r == 0 {
             self.free.push(b);
         }
+        // ANCHOR_END: yours_release
     }
 
     pub fn ref_count(&self, b: BlockId) -> u32 {
@@ -204,7 +208,9 @@ impl PagedCache {
     }
 
     fn offset(&self, block: BlockId, layer: usize, row: usize) -> usize {
+        // ANCHOR: yours_offset
         ((block as usize * self.n_layer + layer) * self.block_size + row) * self.kv_dim
+        // ANCHOR_END: yours_offset
     }
 
     fn copy_block(&mut self, from: BlockId, to: BlockId) {
@@ -270,6 +276,7 @@ impl KvStore for PagedCache {
     /// written (copy-on-write). All blocks are found before any is taken, so a full pool leaves
     /// the cache unchanged.
     fn reserve(&mut self, seq: usize, positions: std::ops::Range<usize>) -> Result<(), KvError> {
+        // ANCHOR: yours_reserve
         let bs = self.block_size;
         let (len, n_blocks, last_shared) = match self.table(seq) {
             Some(t) => {
@@ -318,6 +325,7 @@ impl KvStore for PagedCache {
         table.len = end;
         self.tables[seq] = Some(table);
         Ok(())
+        // ANCHOR_END: yours_reserve
     }
 
     fn store(&mut self, layer: usize, seq: usize, pos: usize, k: &[f32], v: &[f32]) {

@@ -104,6 +104,7 @@ impl PrefixCache {
     /// The caller must retain the blocks (e.g. with `PagedCache::attach`) before anything can
     /// be evicted.
     pub fn lookup(&mut self, tokens: &[u32]) -> Vec<BlockId> {
+        // ANCHOR: yours_lookup
         let bs = self.block_size;
         self.clock += 1;
         let mut found = Vec::new();
@@ -126,6 +127,7 @@ impl PrefixCache {
             }
             node = child;
         }
+        // ANCHOR_END: yours_lookup
     }
     // ANCHOR_END: lookup
 
@@ -225,6 +227,7 @@ impl PrefixCache {
     /// Free up to `n` blocks that only the tree holds, least recently used leaf first, each
     /// leaf from its end. Returns how many were freed (fewer when the rest is in use).
     pub fn evict(&mut self, n: usize, alloc: &mut BlockAllocator) -> usize {
+        // ANCHOR: yours_evict
         let mut freed = 0;
         while freed < n {
             let victim = self
@@ -251,6 +254,7 @@ impl PrefixCache {
             }
         }
         freed
+        // ANCHOR_END: yours_evict
     }
     // ANCHOR_END: evict
 

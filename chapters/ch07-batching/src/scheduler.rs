@@ -361,8 +361,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
 
     // ANCHOR: submit
     /// Queue a request. It is checked now, so that it can always run to the end: its sampling
-    /// settings are in their domains, its tokens are in the vocabulary, and prompt plus `max_tokens` fit the model's context and the
-    /// whole KV pool.
+    /// settings are in their domains, its tokens are in the vocabulary, and prompt plus
+    /// `max_tokens` fit the model's context and the whole KV pool.
     pub fn submit(&mut self, request: Request) -> Result<RequestId, SchedulerError> {
         let Request { prompt, params } = request;
         if prompt.is_empty() {

@@ -166,7 +166,6 @@ fn median(runs: &[Run], key: impl Fn(&Run) -> Option<f64>) -> Option<f64> {
     v.get(v.len() / 2).copied()
 }
 
-// ANCHOR: table
 /// The throughput table of `model`: for each of [`CONCURRENCY`], the first that many of
 /// [`PROMPTS`] one at a time and batched, `runs` times each, checking that batching changes
 /// no token; Markdown rows of medians. With `on_cpu`, the speed-up is of tokens per second the
@@ -225,7 +224,6 @@ pub fn table(
     }
     Ok(out)
 }
-// ANCHOR_END: table
 
 /// The name of this machine's CPU, for the caption of a table.
 pub fn cpu_name() -> String {

@@ -501,7 +501,6 @@ mod table {
         };
     }
 
-    // ANCHOR: table
     #[cfg(target_arch = "x86_64")]
     mod arch {
         use super::*;
@@ -721,7 +720,6 @@ mod table {
             },
         ];
     }
-    // ANCHOR_END: table
 
     #[cfg(target_arch = "aarch64")]
     mod arch {

@@ -91,6 +91,7 @@ impl<O: AsRef<[u8]> + Send + Sync + 'static> ViewLoader<O> {
 
     /// The bytes of tensor `info`, as a view: they start at `data_offset + info.offset`.
     pub fn view(&self, gguf: &Gguf, info: &TensorInfo) -> Result<SharedBytes<O>, LoadError> {
+        // ANCHOR: yours_view
         let start = gguf.data_offset.checked_add(info.offset);
         start
             .and_then(|s| self.file.slice(s, info.n_bytes()))
@@ -104,6 +105,7 @@ impl<O: AsRef<[u8]> + Send + Sync + 'static> ViewLoader<O> {
                     self.file.as_ref().len()
                 ))
             })
+        // ANCHOR_END: yours_view
     }
 
     /// Names of the tensors copied because their bytes were not aligned for their blocks.

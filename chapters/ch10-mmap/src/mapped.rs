@@ -86,6 +86,7 @@ impl<O: AsRef<[u8]>> SharedBytes<O> {
     /// Bytes `start..start + len` of the same buffer, relative to this view; `None` if they do
     /// not lie inside it.
     pub fn slice(&self, start: u64, len: u64) -> Option<SharedBytes<O>> {
+        // ANCHOR: yours_slice
         let end = start.checked_add(len)?;
         if end > self.len as u64 {
             return None;
@@ -95,6 +96,7 @@ impl<O: AsRef<[u8]>> SharedBytes<O> {
             start: self.start + start as usize,
             len: len as usize,
         })
+        // ANCHOR_END: yours_slice
     }
 
     /// Where this view starts in the buffer.
@@ -180,7 +182,6 @@ impl AsRef<[u8]> for AlignedBuf {
     }
 }
 
-// ANCHOR: mapped_file
 /// A memory map of a model file, and what the file was when it was mapped: its size and
 /// modification time, so that an error can be traced to the file changing underneath the
 /// engine ([`MappedFile::check_unchanged`]). On Linux, its address range is registered with
@@ -323,7 +324,6 @@ impl std::error::Error for FileChanged {
         }
     }
 }
-// ANCHOR_END: mapped_file
 
 /// A kernel hint on how the mapped pages will be used (`madvise`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -442,7 +442,6 @@ fn in_file(path: &Path, e: GgufError) -> OpenError {
     })
 }
 
-// ANCHOR: bus_error
 /// The `SIGBUS` handler of the module documentation: a read of a page past the end of a
 /// truncated model file ends the process with a message naming the file and exit status 1.
 ///
@@ -664,7 +663,6 @@ mod bus_error {
     }
     // ANCHOR_END: on_bus_error
 }
-// ANCHOR_END: bus_error
 
 #[cfg(test)]
 mod tests {

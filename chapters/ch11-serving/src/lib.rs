@@ -31,6 +31,11 @@ pub use worker::{PoolStatus, Worker};
 /// Everything earlier chapters offer, so `ch11` reads as "the engine as of chapter 11".
 pub use ch10::{self, *};
 
+/// The machine's cores: the default `--threads`.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The server's default `--batch-tokens` (see there).
 pub const SERVE_BATCH_TOKENS: usize = 64;
 
@@ -75,7 +80,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = SERVE_BATCH_TOKENS)]
     pub batch_tokens: usize,
     /// Threads for the forward pass.
-    #[arg(long, short = 't', default_value_t = std::thread::available_parallelism().map_or(1, |n| n.get()))]
+    #[arg(long, short = 't', default_value_t = cores())]
     pub threads: usize,
     /// Longest time a request may run, in seconds; it then ends with finish_reason "length".
     #[arg(long, default_value_t = 600)]

@@ -49,8 +49,9 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let io = TokioIo::new(stream);
                     let service = TowerToHyperService::new(router.clone());
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    let conn = builder.serve_connection_with_upgrades(io, service);
                     let conn = graceful.watch(conn.into_owned());
                     tokio::spawn(async move {
                         if let Err(e) = conn.await {

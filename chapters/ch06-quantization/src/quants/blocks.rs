@@ -223,8 +223,10 @@ fn cast_error<B: Block>(e: PodCastError, bytes: *const u8, len: usize) -> CastEr
 }
 
 // ANCHOR: cast
-/// View `bytes` as blocks, without copying. GGUF aligns tensor data to 32 bytes and blocks
-/// need at most 4, so a tensor's bytes always qualify; other bytes are checked, never trusted.
+/// View `bytes` as blocks, without copying. GGUF aligns tensor data to 32 bytes from the start
+/// of the file and blocks need at most 4, so a tensor's bytes qualify when the file's first
+/// byte is aligned in memory (a memory map is page-aligned; a `Vec<u8>` promises only 1). The
+/// address is checked, never trusted.
 pub fn blocks<B: Block>(bytes: &[u8]) -> Result<&[B], CastError> {
     bytemuck::try_cast_slice(bytes).map_err(|e| cast_error::<B>(e, bytes.as_ptr(), bytes.len()))
 }

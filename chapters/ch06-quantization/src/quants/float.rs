@@ -1,7 +1,8 @@
 //! Unquantized rows: F32, F16 and BF16, with ggml's scalar dot products.
 //!
-//! GGUF stores these little-endian and only 2- or 4-byte aligned within a 32-byte aligned
-//! tensor, so the byte-level functions decode with `from_le_bytes` rather than casting.
+//! GGUF stores these little-endian, and a row's bytes in memory are only as aligned as the
+//! buffer holding the file (a `Vec<u8>` promises 1 byte), so the byte-level functions decode
+//! with `from_le_bytes` rather than casting.
 
 use half::{bf16, f16};
 

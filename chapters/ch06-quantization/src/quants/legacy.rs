@@ -11,6 +11,7 @@ use half::f16;
 /// `quantize_row_q4_0_ref`: the weight of largest magnitude maps to code 0 (`d = max / -8`),
 /// so its sign is kept exactly and the other side of zero gets one code more.
 pub fn quantize_row_q4_0_ref(x: &[f32], y: &mut [BlockQ4_0]) {
+    // ANCHOR: yours_quantize_q4_0
     assert_eq!(x.len(), y.len() * QK4_0, "quantize_row_q4_0_ref: lengths");
     for (xb, yb) in x.chunks_exact(QK4_0).zip(y) {
         let mut amax = 0.0f32; // absolute max
@@ -33,10 +34,12 @@ pub fn quantize_row_q4_0_ref(x: &[f32], y: &mut [BlockQ4_0]) {
             yb.qs[j] = xi0 | (xi1 << 4);
         }
     }
+    // ANCHOR_END: yours_quantize_q4_0
 }
 
 /// `dequantize_row_q4_0`.
 pub fn dequantize_row_q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
+    // ANCHOR: yours_dequantize_q4_0
     assert_eq!(y.len(), x.len() * QK4_0, "dequantize_row_q4_0: lengths");
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK4_0)) {
         let d = xb.d.to_f32();
@@ -47,12 +50,14 @@ pub fn dequantize_row_q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
             yb[j + QK4_0 / 2] = x1 as f32 * d;
         }
     }
+    // ANCHOR_END: yours_dequantize_q4_0
 }
 
 /// `ggml_vec_dot_q4_0_q8_0_generic`: integer products within a block, one float multiply-add
 /// per block.
 pub fn vec_dot_q4_0_q8_0(n: usize, x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     let nb = check_dot("vec_dot_q4_0_q8_0", n, QK8_0, x.len(), y.len());
+    // ANCHOR: yours_vec_dot_q4_0_q8_0
     let mut sumf = 0.0f32;
     for (xb, yb) in x[..nb].iter().zip(&y[..nb]) {
         let mut sumi0 = 0i32;
@@ -67,6 +72,7 @@ pub fn vec_dot_q4_0_q8_0(n: usize, x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
         sumf += sumi as f32 * xb.d.to_f32() * yb.d.to_f32();
     }
     sumf
+    // ANCHOR_END: yours_vec_dot_q4_0_q8_0
 }
 // ANCHOR_END: q4_0
 
@@ -299,6 +305,7 @@ pub fn vec_dot_q5_1_q8_1(n: usize, x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
 // ANCHOR: q8_0
 /// `quantize_row_q8_0_ref`: symmetric, `d = amax / 127`, codes rounded half away from zero.
 pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
+    // ANCHOR: yours_quantize_q8_0
     assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0_ref: lengths");
     for (xb, yb) in x.chunks_exact(QK8_0).zip(y) {
         let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -309,6 +316,7 @@ pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
             *q = (v * id).round() as i8; // C's roundf: half away from zero, like f32::round
         }
     }
+    // ANCHOR_END: yours_quantize_q8_0
 }
 
 /// `dequantize_row_q8_0`.

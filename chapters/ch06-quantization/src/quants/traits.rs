@@ -74,7 +74,8 @@ pub const WEIGHT_TYPES: [GgmlType; 13] = {
     ]
 };
 
-/// Blocks from bytes: borrowed when aligned (always, for tensor data), else copied.
+/// Blocks from bytes: borrowed when their address is aligned for `B` (a tensor's bytes are,
+/// when the whole file is, as in a memory map), else copied.
 fn read_blocks<B: Block>(bytes: &[u8]) -> Cow<'_, [B]> {
     match blocks::<B>(bytes) {
         Ok(b) => Cow::Borrowed(b),

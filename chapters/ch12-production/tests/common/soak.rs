@@ -194,7 +194,6 @@ fn one(client: &Client, cfg: &Config, i: usize) -> (&'static str, Verdict) {
     (kind, verdict)
 }
 
-// ANCHOR: run
 /// Run the soak as `cfg` says; `sample` is called about once a second on another thread
 /// (for the dashboard) until the soak ends.
 pub fn run(cfg: &Config, mut sample: impl FnMut(f64) + Send) -> Report {
@@ -264,7 +263,6 @@ pub fn run(cfg: &Config, mut sample: impl FnMut(f64) + Send) -> Report {
     });
     r
 }
-// ANCHOR_END: run
 
 /// Resident memory of process `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {

@@ -172,7 +172,6 @@ unsafe fn mins_dot_bsums(mins: u64, bsums: &[i16; 16]) -> __m128i {
     }
 }
 
-// ANCHOR: q4_K
 /// `ggml_vec_dot_q4_K_q8_K` for AVX2: 64 weights per step, the low nibbles of 32 bytes and
 /// then their high nibbles, each 32 with its own 6-bit scale.
 #[inline(always)]
@@ -208,7 +207,6 @@ pub(super) unsafe fn vec_dot_q4_K_q8_K(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 
         hsum(acc) + hsum128(acc_m)
     }
 }
-// ANCHOR_END: q4_K
 
 /// `ggml_vec_dot_q5_K_q8_K` for AVX2: Q4_K's layout plus a fifth bit per weight, bit `2j`
 /// (low nibbles) and `2j + 1` (high nibbles) of `qh` for step `j`.
@@ -253,7 +251,6 @@ pub(super) unsafe fn vec_dot_q5_K_q8_K(x: &[BlockQ5_K], y: &[BlockQ8_K]) -> f32 
     }
 }
 
-// ANCHOR: q6_K
 /// `ggml_vec_dot_q6_K_q8_K` for AVX2. The codes are stored as `q + 32` in `0..64`, unsigned,
 /// so the kernel multiplies those and takes `32 Σ scale · Σ y` (from `bsums`) off at the end.
 #[inline(always)]
@@ -313,4 +310,3 @@ pub(super) unsafe fn vec_dot_q6_K_q8_K(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 
         hsum(acc)
     }
 }
-// ANCHOR_END: q6_K

@@ -40,11 +40,13 @@ pub(super) unsafe fn q4_0_step<D: Dot>(x: &BlockQ4_0, y: &BlockQ8_0, acc: __m256
     // and `load32`: their code arrays); the instructions are AVX2, FMA, F16C and `D`'s, which the
     // caller enables.
     unsafe {
+        // ANCHOR: yours_q4_0_step
         let d = _mm256_set1_ps(fp16_pair(x).0 * fp16_pair(y).0);
         // Codes 0..16 become the weights' signed values -8..8.
         let qx = _mm256_sub_epi8(nibbles(&x.qs), _mm256_set1_epi8(8));
         let sums = dot_i8::<D>(_mm256_setzero_si256(), qx, load32(&y.qs));
         _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc)
+        // ANCHOR_END: yours_q4_0_step
     }
 }
 
@@ -137,7 +139,6 @@ pub(super) unsafe fn vec_dot_q5_1_q8_1<D: Dot>(x: &[BlockQ5_1], y: &[BlockQ8_1])
     unsafe { hsum(two_accumulators!(x, y, q5_1_step::<D>)) }
 }
 
-// ANCHOR: q8_0
 /// One block of [`vec_dot_q8_0_q8_0`], added into `acc`.
 #[inline(always)]
 pub(super) unsafe fn q8_0_step<D: Dot>(x: &BlockQ8_0, y: &BlockQ8_0, acc: __m256) -> __m256 {
@@ -157,4 +158,3 @@ pub(super) unsafe fn vec_dot_q8_0_q8_0<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0])
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
     unsafe { hsum(two_accumulators!(x, y, q8_0_step::<D>)) }
 }
-// ANCHOR_END: q8_0

@@ -89,7 +89,6 @@ unsafe fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
     }
 }
 
-// ANCHOR: quantize_q8_0
 /// `quantize_row_q8_0`.
 #[inline(always)]
 pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
@@ -104,7 +103,6 @@ pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
         }
     }
 }
-// ANCHOR_END: quantize_q8_0
 
 /// `quantize_row_q8_1`: Q8_0's codes and `s = d · Σ q`.
 #[inline(always)]
@@ -157,7 +155,6 @@ unsafe fn sums16(c: &[__m256i]) -> __m256i {
     }
 }
 
-// ANCHOR: quantize_q8_K
 /// `quantize_row_q8_K`.
 #[inline(always)]
 pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
@@ -205,4 +202,3 @@ pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
         }
     }
 }
-// ANCHOR_END: quantize_q8_K

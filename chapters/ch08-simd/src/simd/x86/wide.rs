@@ -100,7 +100,6 @@ macro_rules! pairs {
     }};
 }
 
-// ANCHOR: q4_0
 /// `ggml_vec_dot_q4_0_q8_0`, two blocks per register.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
@@ -119,7 +118,6 @@ pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0])
     // the caller enables AVX-512 F, BW, VL, AVX2, FMA, F16C and `D`'s set.
     unsafe { pairs!(x, y, pair::<D>, q4_0_step::<D>) }
 }
-// ANCHOR_END: q4_0
 
 /// `ggml_vec_dot_q4_1_q8_1`, two blocks per register; the mins' terms gather in a second,
 /// 4-lane accumulator.
@@ -236,7 +234,6 @@ unsafe fn quarters(q: [i16; 4]) -> __m512i {
     }
 }
 
-// ANCHOR: q4_K
 /// `ggml_vec_dot_q4_K_q8_K`, 128 weights per step: 64 code bytes hold weights
 /// `0..32, 64..96` in their low nibbles and `32..64, 96..128` in their high ones, so the
 /// activations are loaded in that order too.
@@ -280,7 +277,6 @@ pub(super) unsafe fn vec_dot_q4_K_q8_K(x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 
         hsum512(acc) + hsum128(acc_m)
     }
 }
-// ANCHOR_END: q4_K
 
 /// `ggml_vec_dot_q6_K_q8_K`, 128 weights per step: the 64 `ql` bytes of a half super-block
 /// give weights `0..64` from their low nibbles and `64..128` from their high ones, each with
