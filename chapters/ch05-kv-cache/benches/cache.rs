@@ -18,7 +18,7 @@ fn token_n(c: &mut Criterion) {
     let tokens: Vec<u32> = (0..256).map(|i| 1000 + 7 * i).collect();
     let mut g = c.benchmark_group("token_n");
     g.sample_size(10);
-    for n in [8usize, 32, 128] {
+    for n in [8usize, 16, 32, 64, 128, 256] {
         let seq = &tokens[..n];
         // Validate before timing: both ways give the same logits for token n.
         let uncached = Uncached::new(&model).next_logits(seq, n).unwrap().to_vec();
