@@ -2,7 +2,7 @@
 //! with the regex one (`fancy-regex`), for the default model and the Llama 3 and Llama 2
 //! vocabularies; and the pre-tokenizers alone.
 //!
-//! `cargo bench -p ch02 --bench encode`
+//! `cargo bench -p ch02 --bench encode`; `scripts/tokenizer-speed` runs it next to llama.cpp.
 
 use ch02::ch01::GgufFile;
 use ch02::{RegexSplitter, Tokenizer};
@@ -52,9 +52,19 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("encode");
     group.throughput(Throughput::Bytes(text.len() as u64));
     group.sample_size(10);
+    // `scripts/tokenizer-speed` times llama.cpp on the same text and checks it gives the same
+    // ids: with LLM_RS_ENCODE_DUMP=DIR the text and each vocabulary's ids are written there.
+    let dump = std::env::var_os("LLM_RS_ENCODE_DUMP").map(std::path::PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::write(dir.join("text.txt"), &text).expect("write the text");
+    }
     for (name, tok) in &vocabs {
         // Validate before timing: the two splitters agree, and the tokens decode to the text.
         let ids = tok.encode(&text, false, false);
+        if let Some(dir) = &dump {
+            let json = format!("{ids:?}").replace(' ', "");
+            std::fs::write(dir.join(format!("{name}.ids.json")), json).expect("write the ids");
+        }
         assert!(ids.len() > text.len() / 8, "{name}: {} tokens", ids.len());
         if let Some(pre) = tok.pre_tokenizer() {
             let re = RegexSplitter::new(pre);
