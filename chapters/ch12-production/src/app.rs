@@ -273,9 +273,9 @@ fn request_id(req: &Request) -> String {
 }
 
 // ANCHOR: each_request
-/// Every request: its id, its span, its log line and its count. The line and the count are
-/// made when the response's body ends (or is dropped, if the client leaves): for a stream
-/// that is when the last event is sent, not when its headers are.
+/// Every request: its id, its span, its log line and its count. For a stream they are made
+/// when its body ends (or is dropped, if the client leaves), when the last event is sent, not
+/// when the headers are.
 async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = request_id(&req);
@@ -329,6 +329,16 @@ async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next)
         variant,
         started,
     };
+    // A stream's body runs on after this returns: the line and the count wait for its end,
+    // carried by the body. Any other response is whole now.
+    let streaming = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    if !streaming {
+        drop(ended);
+        return response;
+    }
     let (parts, body) = response.into_parts();
     let body = body.into_data_stream().map(move |chunk| {
         let _ = &ended;

@@ -110,6 +110,12 @@ fn request_ids_round_trip_and_name_the_log_lines() {
         }
         let r = r.send().unwrap();
         assert_eq!(r.status(), 200);
+        // The request layer leaves a whole response whole: its length is known up front.
+        assert!(
+            r.headers().contains_key("content-length"),
+            "{:?}",
+            r.headers()
+        );
         r.headers()["x-request-id"].to_str().unwrap().to_string()
     };
     assert_eq!(send(Some("trace-42.a:b")), "trace-42.a:b");
