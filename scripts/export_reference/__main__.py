@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 from . import engine as E
-from . import facts, prompts, quant, tokenizer
+from . import facts, gemma3, prompts, quant, tokenizer
 from .common import log, sha256_file, write_json
 from .f32_model import write_f32_copy
 
@@ -46,6 +46,12 @@ def describe(rel: str) -> str:
         return f"prompt {m[1]}: logits of each greedy decode step (full f32 for the first steps, top-k for all)"
     if m := re.fullmatch(r"prompts/(\w+)\.generation\.json", rel):
         return f"prompt {m[1]}: greedy continuation, ids and text"
+    if rel == "gemma3/prompts.json":
+        return "Gemma 3 270M: prompts, their ids and llama.cpp's greedy continuations (Q4_K_M)"
+    if m := re.fullmatch(r"gemma3/(\w+)\.safetensors", rel):
+        return f"Gemma 3 270M, prompt {m[1]}: intermediate tensors on the F32 copy (last rows)"
+    if m := re.fullmatch(r"gemma3/(\w+)\.quant\.safetensors", rel):
+        return f"Gemma 3 270M Q4_K_M, prompt {m[1]}: logits after the prompt, top-k per step"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
         return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
@@ -122,6 +128,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, required=True, help="cache directory for derived models")
     ap.add_argument("--sdist", type=Path, required=True, help="llama-cpp-python sdist (.tar.gz)")
     ap.add_argument("--out", type=Path, required=True, help="reference-data/ directory to replace")
+    ap.add_argument("--gemma3", type=Path, required=True, help="Gemma 3 270M Q4_K_M (chapter 13)")
     args = ap.parse_args()
 
     E.init()
@@ -159,6 +166,19 @@ def main() -> int:
     tk = tokenizer.export_corpus(args.model, stage)
     log("step 8: quantized variants and blocks")
     qu = quant.export_quant(args.model, f32_path, args.cache, stage, quant_settings)
+    log("step 10: Gemma 3 270M")
+    # Same settings as the default model's F32 runs, with room for the prompt longer than the
+    # sliding window.
+    g3_settings = E.ContextSettings(
+        n_ctx=1024,
+        n_batch=1024,
+        n_threads=2,
+        type_k=E.L.GGML_TYPE_F32,
+        type_v=E.L.GGML_TYPE_F32,
+        flash_attn=False,
+    )
+    g3 = gemma3.export_gemma3(args.gemma3, args.cache, stage, g3_settings)
+    g3["settings"] = g3_settings.describe()
 
     files = {}
     for p in sorted(stage.rglob("*")):
@@ -222,6 +242,7 @@ def main() -> int:
             "quant_settings": quant_settings.describe(),
         },
         "prompts": pr["prompts"],
+        "gemma3": {k: v for k, v in g3.items() if k != "prompts"},
         "files": files,
         "reduced_precision": pr["reduced_precision"],
         "graph_name_notes": {

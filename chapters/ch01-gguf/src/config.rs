@@ -193,6 +193,18 @@ impl Config {
         if !SUPPORTED_ARCHS.contains(&arch) {
             return Err(ConfigError::UnsupportedArch(arch.to_string()));
         }
+        Config::read(gguf, arch)
+    }
+
+    /// The same hyperparameters for any architecture that names them as llama does
+    /// (`{arch}.block_count`, …), without asking whether this engine runs it: for a later
+    /// chapter that adds a model family, which checks the architecture itself and reads its
+    /// own keys on top. RoPE's style is left at `Normal`; a family that rotates halves sets it.
+    pub fn from_gguf_any(gguf: &Gguf) -> Result<Config, ConfigError> {
+        Config::read(gguf, gguf.architecture()?)
+    }
+
+    fn read(gguf: &Gguf, arch: &str) -> Result<Config, ConfigError> {
         let k = Keys { gguf, arch };
         let invalid = |suffix: &str, reason: String| ConfigError::Invalid {
             key: k.key(suffix),

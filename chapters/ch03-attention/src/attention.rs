@@ -65,6 +65,9 @@ pub struct Attention {
     pub rope: RopeTable,
     /// Sliding-window attention: a query sees at most this many positions, itself included.
     pub window: Option<usize>,
+    /// The factor on every score `q · k`: `1/√head_dim` ([`Attention::standard_scale`]) unless
+    /// a model family says otherwise.
+    pub kq_scale: f32,
 }
 
 impl Attention {
@@ -95,7 +98,13 @@ impl Attention {
             head_dim: cfg.head_dim,
             rope,
             window: None,
+            kq_scale: Attention::standard_scale(cfg.head_dim),
         })
+    }
+
+    /// `1/√head_dim`: scores of unit-variance queries and keys keep unit variance.
+    pub fn standard_scale(head_dim: usize) -> f32 {
+        1.0 / (head_dim as f32).sqrt()
     }
 
     /// Width of a query row `(n_head * head_dim)` and of a key or value row `(n_head_kv * head_dim)`.
@@ -128,7 +137,7 @@ impl Attention {
         // ANCHOR: yours_attend
         let hd = self.head_dim;
         let group = self.n_head / self.n_head_kv; // query heads per KV head
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = self.kq_scale; // 1/√head_dim
         let n = visible.len();
         out.fill(0.0);
         for h in 0..self.n_head {

@@ -53,6 +53,26 @@ pub trait KvStore {
 }
 // ANCHOR_END: traits
 
+/// [`KvStore`] as a trait object: `store` and a view lent to a callback instead of returned (a
+/// view's type differs per store). Every `KvStore` is one. A model family added in a later
+/// chapter runs its blocks through `&mut dyn KvDyn`, since a trait object's methods cannot be
+/// generic over the store.
+pub trait KvDyn {
+    /// [`KvStore::store`].
+    fn store_kv(&mut self, layer: usize, seq: usize, pos: usize, k: &[f32], v: &[f32]);
+    /// Call `f` with [`KvStore::view`] of `seq` at `layer`.
+    fn with_view(&self, layer: usize, seq: usize, f: &mut dyn FnMut(&dyn KvView));
+}
+
+impl<K: KvStore> KvDyn for K {
+    fn store_kv(&mut self, layer: usize, seq: usize, pos: usize, k: &[f32], v: &[f32]) {
+        self.store(layer, seq, pos, k, v);
+    }
+    fn with_view(&self, layer: usize, seq: usize, f: &mut dyn FnMut(&dyn KvView)) {
+        f(&self.view(layer, seq));
+    }
+}
+
 /// Why a store could not take more positions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvError {

@@ -28,7 +28,7 @@ pub mod rope;
 
 pub use attention::{Attention, AttentionWeights, TokenPos, softmax};
 pub use compute::{AttentionOps, AttnScratch, Scalar};
-pub use kv::{KvError, KvStore, KvView, VecKv};
+pub use kv::{KvDyn, KvError, KvStore, KvView, VecKv};
 pub use matrix::{DenseLoader, DenseMatrix, LoadError, Matrix, MatrixLoader};
 pub use observe::{NoObserver, Observer, Recorder};
 pub use rope::{RopeStyle, RopeTable};

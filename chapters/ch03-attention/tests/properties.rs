@@ -95,6 +95,7 @@ fn gqa_with_as_many_kv_heads_as_query_heads_is_multi_head_attention() {
         head_dim: hd,
         rope: rope(),
         window: None,
+        kq_scale: Attention::standard_scale(hd),
     };
     let mha = Attention {
         n_head: 4,
@@ -102,6 +103,7 @@ fn gqa_with_as_many_kv_heads_as_query_heads_is_multi_head_attention() {
         head_dim: hd,
         rope: rope(),
         window: None,
+        kq_scale: Attention::standard_scale(hd),
     };
     let (wk, wv) = (dense(2 * hd, d, 2), dense(2 * hd, d, 3)); // `dense` is deterministic
     let dup = |m: &DenseMatrix| {
@@ -146,6 +148,7 @@ fn causal_mask_hides_the_future_and_sliding_window_the_distant_past() {
         head_dim: hd,
         rope: RopeTable::new(hd, 10000.0, 1.0, RopeStyle::Normal, 64),
         window: None,
+        kq_scale: Attention::standard_scale(hd),
     };
     let w = AttentionWeights {
         wq: dense(2 * hd, d, 1),

@@ -52,4 +52,6 @@ pub struct Scratch {
     pub sel: Vec<f32>,    // (n_out, d_model): those rows of the residual stream
     pub normed: Vec<f32>, // (n_out, d_model)
     pub logits: Vec<f32>, // (n_out, vocab)
+    /// Spare room for a model family's blocks (chapter 13), e.g. a normalised copy.
+    pub tmp: Vec<f32>,
 }

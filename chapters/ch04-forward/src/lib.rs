@@ -5,6 +5,9 @@
 //! - [`compute`]: [`Compute`], chapter 3's compute seam extended with RMSNorm, the SwiGLU gate
 //!   and the residual add (their scalar code is the default), and [`Scratch`], the buffers a
 //!   forward pass reuses so that a decode step allocates nothing.
+//! - [`family`]: the seam through which chapter 13 adds architectures other than llama: a
+//!   [`Family`] runs its own blocks between the embeddings and the output, and a registry maps
+//!   `general.architecture` to the loader [`Model::load`] calls.
 //! - [`model`]: token embeddings, the stack of blocks with their residual connections, the
 //!   final norm and the output projection (tied to the embeddings when the file has no
 //!   `output.weight`), and [`Model::forward`] over a [`Batch`] of tokens.
@@ -23,12 +26,14 @@
 
 pub mod cli;
 pub mod compute;
+pub mod family;
 pub mod generate;
 pub mod layer;
 pub mod model;
 pub mod sampling;
 
 pub use compute::{Compute, Scratch};
+pub use family::{Family, FamilyInfo, LoadFamily};
 
 /// How far our hidden states (each layer's output) may be from llama.cpp's on the f32 path.
 /// Both sides compute in f32 but sum in different orders, and each layer passes its rounding
@@ -40,7 +45,7 @@ pub const HIDDEN_TOL: shared::Tolerance = shared::Tolerance::new(1e-3, 1e-4);
 pub use generate::{
     GenParams, Generation, Generator, Session, StopFilter, StopReason, Uncached, generate,
 };
-pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights};
+pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_context};
 pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
 
 /// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".

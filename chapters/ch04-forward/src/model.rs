@@ -2,6 +2,7 @@
 //! projection, and a forward pass over a batch of tokens.
 
 use crate::compute::{Compute, Scratch};
+use crate::family::{self, Family};
 use crate::layer::LayerWeights;
 use ch03::attention::reserve_batch_with;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
@@ -13,8 +14,9 @@ use std::sync::Arc;
 /// All weights of a llama model.
 pub struct Weights {
     pub token_embd: Box<dyn Matrix>, // (vocab, d_model)
-    pub layers: Vec<LayerWeights>,   // n_layer
-    pub output_norm: Vec<f32>,       // (d_model)
+    /// Llama's blocks (`n_layer`); empty for a model whose [`Family`] holds its own.
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>, // (d_model)
     /// `(vocab, d_model)`; `None` when the output projection is tied to `token_embd`.
     pub output: Option<Box<dyn Matrix>>,
 }
@@ -27,6 +29,9 @@ pub struct Model {
     /// How the non-product work runs: the scalar reference unless a later chapter hands in
     /// its own ([`Model::with_compute`]).
     pub compute: Arc<dyn Compute>,
+    /// The blocks of another architecture, run instead of llama's (chapter 13); `None` for
+    /// llama.
+    pub family: Option<Box<dyn Family>>,
 }
 
 /// The tokens of one forward pass: which sequence each belongs to, at which position, and
@@ -237,7 +242,7 @@ impl Observer for FirstNonFinite {
 
 /// Refuse a context of `n_ctx` positions that is out of range for `cfg`, or whose RoPE table
 /// or f32 KV cache would not fit in memory.
-fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
+pub fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
     if n_ctx == 0 || n_ctx > cfg.context_length {
         return Err(ContextError::OutOfRange {
             n_ctx,
@@ -276,6 +281,20 @@ impl Model {
         file: &GgufFile<B>,
         loader: &dyn MatrixLoader,
     ) -> Result<Model, LoadError> {
+        // Another architecture is built by its family's loader, if one is registered.
+        let arch = file
+            .gguf
+            .architecture()
+            .map_err(|e| LoadError::Other(e.to_string()))?;
+        if arch != "llama" {
+            return match family::lookup(arch) {
+                Some(f) => (f.load)(&file.borrowed(), loader),
+                None => Err(LoadError::Other(format!(
+                    "architecture {arch:?} is not supported (supported: {})",
+                    family::supported().join(", ")
+                ))),
+            };
+        }
         let config = Config::from_gguf(&file.gguf).map_err(|e| LoadError::Other(e.to_string()))?;
         let (d, vocab) = (config.d_model, config.vocab_size);
         let layers = (0..config.n_layer)
@@ -301,6 +320,7 @@ impl Model {
             attention,
             weights,
             compute: Arc::new(ch03::Scalar),
+            family: None,
         })
     }
 
@@ -308,6 +328,15 @@ impl Model {
     pub fn with_compute(mut self, compute: Arc<dyn Compute>) -> Model {
         self.compute = compute;
         self
+    }
+
+    /// The types of the weights, for diagnostics: those of the first block's query projection.
+    pub fn describe_weights(&self) -> String {
+        match (&self.family, self.weights.layers.first()) {
+            (Some(f), _) => f.describe(),
+            (None, Some(l)) => l.attn.wq.describe(),
+            (None, None) => self.weights.token_embd.describe(),
+        }
     }
 
     /// The output projection: `output.weight`, or the token embeddings when tied.
@@ -332,6 +361,10 @@ impl Model {
         if n_ctx != self.n_ctx() {
             self.attention = Attention::new(&self.config, n_ctx)
                 .expect("the configuration was accepted when the model loaded");
+            if let Some(f) = &mut self.family {
+                f.set_context(&self.config, n_ctx)
+                    .expect("the configuration was accepted when the model loaded");
+            }
         }
         Ok(())
     }
@@ -404,19 +437,39 @@ impl Model {
     ) -> Result<&'s [f32], ForwardError> {
         self.check(batch)?;
         reserve_batch_with(kv, &batch.at, &mut s.attn.spans)?;
-        let (cfg, ops) = (&self.config, &*self.compute);
-        let (n, d) = (batch.len(), cfg.d_model);
+        let (n, d) = (batch.len(), self.config.d_model);
 
         s.x.resize(n * d, 0.0); // (n, d_model): the residual stream
         s.h.resize(n * d, 0.0); // (n, d_model): normalised input of a sub-block
         s.y.resize(n * d, 0.0); // (n, d_model): output of a sub-block
-        let (x, h, y) = (&mut s.x, &mut s.h, &mut s.y);
-        for (row, &t) in x.chunks_exact_mut(d).zip(&batch.tokens) {
+        for (row, &t) in s.x.chunks_exact_mut(d).zip(&batch.tokens) {
             self.weights.token_embd.get_row(t as usize, row);
         }
         if obs.enabled() {
-            obs.observe("inp_embd", &[n, d], x);
+            obs.observe("inp_embd", &[n, d], &s.x);
         }
+        if let Some(family) = &self.family {
+            // Another architecture's blocks (chapter 13).
+            family.blocks(self, batch, kv, obs, s);
+        } else {
+            self.llama_blocks(batch, kv, obs, s);
+        }
+        self.output_logits(batch, obs, s)
+    }
+    // ANCHOR_END: forward
+
+    // ANCHOR: blocks
+    /// Llama's blocks over the residual stream `s.x` (`(n, d_model)`), in place.
+    fn llama_blocks<K: KvStore>(
+        &self,
+        batch: &Batch,
+        kv: &mut K,
+        obs: &mut dyn Observer,
+        s: &mut Scratch,
+    ) {
+        let (cfg, ops) = (&self.config, &*self.compute);
+        let (n, d) = (batch.len(), cfg.d_model);
+        let (x, h, y) = (&mut s.x, &mut s.h, &mut s.y);
         // ANCHOR: yours_layers
         for (l, w) in self.weights.layers.iter().enumerate() {
             ops.rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, h);
@@ -444,7 +497,20 @@ impl Model {
             }
         }
         // ANCHOR_END: yours_layers
+    }
+    // ANCHOR_END: blocks
 
+    // ANCHOR: output
+    /// The final norm and the output projection of the rows of `s.x` whose logits `batch`
+    /// wants: `s.logits`, `(n_out, vocab)`.
+    fn output_logits<'s>(
+        &self,
+        batch: &Batch,
+        obs: &mut dyn Observer,
+        s: &'s mut Scratch,
+    ) -> Result<&'s [f32], ForwardError> {
+        let (cfg, ops) = (&self.config, &*self.compute);
+        let (n, d) = (batch.len(), cfg.d_model);
         // Only the rows whose logits are wanted go through the final norm and the output
         // projection, which is the largest matrix of this model (vocab × d_model).
         s.rows.clear();
@@ -452,7 +518,7 @@ impl Model {
         let n_out = s.rows.len();
         s.sel.clear(); // (n_out, d_model)
         for &i in &s.rows {
-            s.sel.extend_from_slice(&x[i * d..(i + 1) * d]);
+            s.sel.extend_from_slice(&s.x[i * d..(i + 1) * d]);
         }
         s.normed.resize(n_out * d, 0.0); // (n_out, d_model)
         ops.rms_norm(
@@ -463,6 +529,9 @@ impl Model {
         );
         s.logits.resize(n_out * cfg.vocab_size, 0.0); // (n_out, vocab)
         self.output().matmul(&s.normed, &mut s.logits);
+        if let Some(family) = &self.family {
+            family.finish_logits(&mut s.logits);
+        }
         // A NaN in the residual stream must reach the logits, where generation looks for it
         // (`NonFinite`); a quantized product could hide it, since quantizing activations to
         // Q8 turns NaN into 0. Checking d_model values per row costs nothing next to the
@@ -482,5 +551,5 @@ impl Model {
         }
         Ok(&s.logits)
     }
-    // ANCHOR_END: forward
+    // ANCHOR_END: output
 }

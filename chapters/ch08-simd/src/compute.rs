@@ -290,7 +290,7 @@ unsafe fn attend_unit<S: F32Simd>(
 ) {
     let a = j.attn;
     let (hd, group, qd, kvd) = (a.head_dim, a.n_head / a.n_head_kv, a.q_dim(), a.kv_dim());
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = a.kq_scale;
     let (nr, nq) = (rows.len(), rows.len() * group); // query vectors: row-major, heads inner
     t.s.resize(nq * KEY_TILE, 0.0);
     t.m.clear();
@@ -819,6 +819,7 @@ mod tests {
             head_dim: 64,
             rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 64),
             window: None,
+            kq_scale: Attention::standard_scale(64),
         }
     }
 

@@ -200,6 +200,7 @@ fn attention(n_head: usize, n_head_kv: usize, hd: usize, window: Option<usize>) 
         head_dim: hd,
         rope: RopeTable::new(hd, 10000.0, 1.0, RopeStyle::Normal, 2048),
         window,
+        kq_scale: Attention::standard_scale(hd),
     }
 }
 

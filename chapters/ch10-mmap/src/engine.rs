@@ -118,7 +118,9 @@ impl Engine {
             }
         };
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| in_file(path, e))?;
-        let template = ChatTemplate::from_gguf(&gguf).ok();
+        let template = ChatTemplate::from_gguf(&gguf)
+            .ok()
+            .or_else(|| family_template(&gguf));
         Ok(Engine {
             model,
             tokenizer,
@@ -175,7 +177,7 @@ impl Engine {
             path.display(),
             c.n_layer,
             c.d_model,
-            self.model.weights.layers[0].attn.wq.describe(),
+            self.model.describe_weights(),
             self.load_time.as_secs_f64() * 1e3
         )
     }
@@ -193,6 +195,22 @@ fn build<O: AsRef<[u8]> + Send + Sync + 'static>(
         .map_err(|e| in_file(path, e))?
         .with_compute(compute);
     Ok((model, file.gguf))
+}
+
+/// The chat template of the file's model family, for a file without `tokenizer.chat_template`
+/// (Gemma 3's GGUF files carry none; llama.cpp falls back to a built-in one the same way).
+fn family_template(gguf: &Gguf) -> Option<ChatTemplate> {
+    let source = ch08::family::lookup(gguf.architecture().ok()?)?.chat_template?;
+    let tokens = gguf.get_str_array("tokenizer.ggml.tokens").ok()?;
+    let text = |key: &str| {
+        let id = gguf.get_u32(key).ok()?;
+        tokens.get(id as usize).map(|t| t.to_string())
+    };
+    let (bos, eos) = (
+        text("tokenizer.ggml.bos_token_id").unwrap_or_default(),
+        text("tokenizer.ggml.eos_token_id").unwrap_or_default(),
+    );
+    ChatTemplate::new(source, &bos, &eos).ok()
 }
 
 fn in_file(path: &Path, e: impl std::fmt::Display) -> Box<dyn Error> {

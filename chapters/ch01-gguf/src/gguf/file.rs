@@ -36,6 +36,15 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
         Ok(GgufFile { gguf, bytes })
     }
 
+    /// The same file over a borrow of its bytes: a `GgufFile<&[u8]>`, one type whatever `B` is,
+    /// for code that cannot be generic (a loader chosen at run time). The header is cloned.
+    pub fn borrowed(&self) -> GgufFile<&[u8]> {
+        GgufFile {
+            gguf: self.gguf.clone(),
+            bytes: self.bytes.as_ref(),
+        }
+    }
+
     /// The raw bytes of tensor `name`, as stored (quantized blocks for a quantized type).
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], GgufError> {
         let info = self
