@@ -45,7 +45,9 @@ pub const CHAT_TEMPLATE: &str = "{%- set ns = namespace(system='') -%}\
 {%- else -%}\
 {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\
 {{ '<start_of_turn>' + role + '\n' }}\
-{%- if ns.system != '' and role != 'model' -%}{{ ns.system + '\n\n' }}{%- set ns.system = '' -%}{%- endif -%}\
+{%- if ns.system != '' and role != 'model' -%}\
+{{ ns.system + '\n\n' }}{%- set ns.system = '' -%}\
+{%- endif -%}\
 {{ (message['content'] | trim) + '<end_of_turn>\n' }}\
 {%- endif -%}\
 {%- endfor -%}\
@@ -420,3 +422,37 @@ impl Family for Gemma3 {
     }
 }
 // ANCHOR_END: blocks
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ch12::{ChatTemplate, Message};
+
+    /// What llama.cpp's built-in `gemma` template (`llama-chat.cpp`) writes for the same
+    /// conversation: system merged into the first user turn, contents trimmed.
+    #[test]
+    fn chat_template_renders_as_llama_cpps_gemma_template() {
+        let t = ChatTemplate::new(CHAT_TEMPLATE, "<bos>", "<eos>").unwrap();
+        let m = [
+            Message::new("system", " Be concise. "),
+            Message::new("user", "Name three colors.\n"),
+            Message::new("assistant", "Red, green, blue."),
+            Message::new("user", "More?"),
+        ];
+        assert_eq!(
+            t.render(&m, true).unwrap(),
+            "<start_of_turn>user\nBe concise.\n\nName three colors.<end_of_turn>\n\
+             <start_of_turn>model\nRed, green, blue.<end_of_turn>\n\
+             <start_of_turn>user\nMore?<end_of_turn>\n<start_of_turn>model\n"
+        );
+    }
+
+    #[test]
+    fn gelu_table_matches_the_formula_to_f16_precision() {
+        for x in [-3.0f32, -0.5, 0.0, 0.1, 1.0, 2.5, 9.9] {
+            let (mut g, u) = ([x], [1.0]);
+            geglu(&mut g, &u);
+            assert!((g[0] - gelu(x)).abs() <= gelu(x).abs() * 2e-3 + 1e-4, "{x}");
+        }
+    }
+}
