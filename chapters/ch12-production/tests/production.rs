@@ -73,7 +73,17 @@ fn metrics_move_as_requests_are_served_and_parse_as_prometheus_text() {
     );
     assert!(m.sum("llmrs_batch_tokens_count", &v) >= a_tokens.max(b_tokens));
     assert!(m.sum("llmrs_step_duration_seconds_sum", &v) > 0.0);
-    // The blocks are all accounted for, and nothing runs now.
+    // The blocks are all accounted for, and nothing runs now. The gauges are set after the
+    // engine step that sent the last token, which may end just after the client has read it:
+    // look again for up to 2 s.
+    let mut m = m;
+    for _ in 0..20 {
+        if m.sum("llmrs_kv_blocks", &[("state", "used")]) == 0.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        m = s.metrics();
+    }
     let blocks = m.sum("llmrs_kv_blocks", &v);
     assert!(blocks > 0.0 && m.sum("llmrs_kv_blocks", &[("state", "used")]) == 0.0);
     assert_eq!(m.sum("llmrs_running_sequences", &v), 0.0);
