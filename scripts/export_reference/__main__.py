@@ -28,7 +28,8 @@ DESCRIPTIONS = {
     "special ids, metadata, tensor list (name, type, ne, offset)",
     "model/dequant.safetensors": "gguf-py's dequantization of the first rows of a few tensors",
     "tokenizer/corpus.json": "llama.cpp's tokenization and detokenization of hard strings, "
-    "for the default vocabulary and the three vocab-only models",
+    "for the default vocabulary, Gemma 3's and every vocab-only model here, and of a probe "
+    "string by every pre-tokenizer name",
     "quant/variants.json": "quantized variants: per-tensor type, ne, sha256; greedy continuations",
     "quant/logits.safetensors": "last-position logits of the short prompt on each variant",
     "quant/blocks.safetensors": "gguf-py's quantization and dequantization of seeded rows",
@@ -60,7 +61,12 @@ def describe(rel: str) -> str:
             if m[2] == "inp"
             else "expected ids, one line per string"
         )
-        return f"llama.cpp's tokenizer test for {m[1]}: {what}"
+        if tokenizer.shipped_tests(m[1]):
+            return f"llama.cpp's tokenizer test for {m[1]}: {what}"
+        return (
+            f"a tokenizer test for {m[1]}, which llama.cpp ships without one: "
+            f"{tokenizer.TESTS_FROM}'s strings, ids from llama.cpp: {what}"
+        )
     raise RuntimeError(f"no description for {rel}")
 
 

@@ -89,12 +89,12 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("pre-tokenize");
     group.throughput(Throughput::Bytes(text.len() as u64));
     group.sample_size(10);
-    let pre = vocabs[0].1.pre_tokenizer().expect("SmolLM2 is BPE");
-    let re = RegexSplitter::new(pre);
+    let splitter = vocabs[0].1.splitter().expect("SmolLM2 is BPE");
+    let re = RegexSplitter::new(splitter.pre_tokenizer());
     group.bench_function("smollm/hand/2MiB", |b| {
         b.iter(|| {
             let mut out = Vec::new();
-            pre.split(black_box(&text), &mut out);
+            splitter.split(black_box(&text), &mut out);
             out
         })
     });

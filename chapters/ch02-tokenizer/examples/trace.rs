@@ -17,11 +17,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let llama2 = load(shared::refdata::path(
         "tokenizer/ggml-vocab-llama-spm.gguf",
     )?)?;
-    let pre = smollm.pre_tokenizer().ok_or("SmolLM2 is byte-level BPE")?;
+    let splitter = smollm.splitter().ok_or("SmolLM2 is byte-level BPE")?;
 
     let text = "Don't panic: it's 2024,  and tokenization works!";
+    let pre = splitter.pre_tokenizer();
     println!("== pre-tokenization ({pre:?}) of {text:?}");
-    println!("{:?}\n", pre.pieces(text));
+    println!("{:?}\n", splitter.pieces(text));
 
     let word = " tokenization";
     println!("== BPE merges of {word:?} (SmolLM2; rank = line in tokenizer.ggml.merges)");

@@ -1,9 +1,16 @@
-"""Generate src/unicode_data.rs: the Unicode general category of every code point.
+"""Generate src/unicode_data.rs: the Unicode general category of every code point, and the
+lower-case and NFD tables of BERT's normalizer.
 
 The pre-tokenizers split text by classes such as \\p{L} (letters) and \\p{N} (numbers). To split
 exactly as llama.cpp does, the classes must come from the same Unicode version as llama.cpp's
-tables (15.1). The `unicodedata2` package pins a Unicode version independently of Python's
-own. In a virtual environment with `unicodedata2==15.1.0` installed, from the repository root:
+tables (15.1). WordPiece lower-cases text and strips accents the way llama.cpp does, with two
+simplified tables of its `unicode-data.cpp`: one lower-case code point per code point (the simple
+mapping of UnicodeData.txt), and the first code point of each code point's NFD decomposition.
+The lower-case table comes from Python's `str.lower` (of Python's own Unicode version: no cased
+letter was added in Unicode 15.0 or 15.1), where it gives one character; U+0130, whose full
+lower case is two characters, maps to U+0069 as in UnicodeData.txt.
+
+The `unicodedata2` package pins a Unicode version independently of Python's own. In a virtual environment with `unicodedata2==15.1.0` installed, from the repository root:
 
     python chapters/ch02-tokenizer/scripts/gen_unicode_data.py \\
         > chapters/ch02-tokenizer/src/unicode_data.rs
@@ -60,3 +67,57 @@ for cp, f in ranges:
     line += item
 print(line)
 print("];")
+
+
+def table(name, doc, rows, fmt):
+    print("")
+    print(doc)
+    print("#[rustfmt::skip]")
+    print("pub static %s: [%s; %d] = [" % (name, fmt[0], len(rows)))
+    line = "   "
+    for row in rows:
+        item = " " + fmt[1] % row + ","
+        if len(line) + len(item) > 99:
+            print(line)
+            line = "   "
+        line += item
+    print(line)
+    print("];")
+
+
+def assigned(cp):
+    return not (0xD800 <= cp <= 0xDFFF) and ucd.category(chr(cp)) != "Cn"
+
+
+lower = []
+for cp in range(MAX_CODEPOINTS):
+    if not assigned(cp):
+        continue
+    low = chr(cp).lower()
+    if low != chr(cp):
+        lower.append((cp, 0x69 if cp == 0x130 else ord(low)))
+
+# llama.cpp groups code points whose first NFD code point is the same into ranges.
+nfd = []
+for cp in range(MAX_CODEPOINTS):
+    if assigned(cp):
+        first = ord(ucd.normalize("NFD", chr(cp))[0])
+        if first != cp:
+            if nfd and nfd[-1][1] == cp - 1 and nfd[-1][2] == first:
+                nfd[-1] = (nfd[-1][0], cp, first)
+            else:
+                nfd.append((cp, cp, first))
+
+table(
+    "LOWERCASE",
+    "/// `(code point, its lower case)` for every code point that has one, sorted.",
+    lower,
+    ("(u32, u32)", "(0x%05X, 0x%05X)"),
+)
+table(
+    "NFD_FIRST",
+    "/// `(first, last, nfd)`: code points `first..=last` decompose (NFD) to a sequence that starts\n"
+    "/// with `nfd`; sorted, not overlapping.",
+    nfd,
+    ("(u32, u32, u32)", "(0x%05X, 0x%05X, 0x%05X)"),
+)

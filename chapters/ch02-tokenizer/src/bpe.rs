@@ -2,14 +2,19 @@
 //! the best (lowest) merge rank is joined, again and again, until no neighbouring pair has a
 //! merge rule. What is left are tokens.
 //!
+//! SentencePiece-style BPE (Gemma 4) is the same algorithm on raw UTF-8: tokens are plain text
+//! with `▁` for spaces, a word starts as one symbol per character, and a character without a
+//! token is spelled with byte tokens `<0x..>`.
+//!
 //! llama.cpp (`llm_tokenizer_bpe_session`) works on the byte-level *strings* (`"Ġ"`, `"t"`,
 //! `"Ġt"`) and looks merges up by string pair. Here every string that can occur is numbered
 //! once, when the tokenizer is built: tokens keep their ids, and merge results that are not
 //! tokens get ids past the vocabulary. A merge is then one hash lookup of two integers, and a
 //! symbol is a range of the word's bytes plus an id. The order of merges is the same.
 
+use crate::pretokenize::PreTokenizer;
 use crate::unicode::byte_level_decode;
-use crate::vocab::Vocab;
+use crate::vocab::{Vocab, VocabKind};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -29,8 +34,12 @@ struct Merge {
 /// The merge machinery of a byte-level BPE vocabulary.
 pub struct Bpe {
     n_vocab: u32,
+    /// Tokens are in GPT-2's byte alphabet (else raw UTF-8, and symbols start as characters).
+    byte_encode: bool,
     /// Llama 3: take a word whole when it is a token, without merging.
     ignore_merges: bool,
+    /// Gemma 4: a word of newlines only is taken whole when it is a token.
+    whole_newlines: bool,
     /// The bytes every token (and every merge result) stands for, and its id.
     ids: HashMap<Box<[u8]>, u32>,
     /// `(left id << 32) | right id` → merge.
@@ -38,7 +47,8 @@ pub struct Bpe {
     /// Id of the one-byte symbol for each byte.
     byte_ids: [u32; 256],
     /// A word byte that ends up in no token is looked up as a one-character token, as
-    /// llama.cpp does; that only finds printable ASCII.
+    /// llama.cpp does (that only finds printable ASCII), or without the byte alphabet as its
+    /// byte token `<0x..>`.
     fallback: [u32; 256],
 }
 
@@ -63,11 +73,24 @@ impl Bpe {
     /// Number every token and merge result, and index the merge rules by id pair.
     pub fn new(vocab: &Vocab) -> Bpe {
         let n_vocab = vocab.tokens.len() as u32;
+        let pre = match vocab.kind {
+            VocabKind::Bpe(pre) => Some(pre),
+            _ => None,
+        };
+        let byte_encode = pre.is_none_or(|p| p.byte_encode());
+        // The bytes a token's text stands for.
+        let bytes = |text: &str| {
+            if byte_encode {
+                byte_level_decode(text)
+            } else {
+                Some(text.as_bytes().to_vec())
+            }
+        };
         let mut ids: HashMap<Box<[u8]>, u32> = HashMap::with_capacity(vocab.tokens.len());
         for (id, text) in vocab.tokens.iter().enumerate() {
             // Texts outside the byte alphabet (a control token with a plain space, say) can
             // never equal a byte-encoded word, so they need no entry.
-            if let Some(bytes) = byte_level_decode(text) {
+            if let Some(bytes) = bytes(text) {
                 ids.insert(bytes.into_boxed_slice(), id as u32);
             }
         }
@@ -80,7 +103,7 @@ impl Bpe {
         };
         let mut merges = HashMap::with_capacity_and_hasher(vocab.merges.len(), Default::default());
         for (rank, (left, right)) in vocab.merges.iter().enumerate() {
-            let (Some(l), Some(r)) = (byte_level_decode(left), byte_level_decode(right)) else {
+            let (Some(l), Some(r)) = (bytes(left), bytes(right)) else {
                 continue;
             };
             let joined = [l.as_slice(), r.as_slice()].concat();
@@ -99,15 +122,21 @@ impl Bpe {
         let mut fallback = [NONE; 256];
         for b in 0..=255u8 {
             byte_ids[b as usize] = ids.get(&[b][..]).copied().unwrap_or(NONE);
-            if (0x21..=0x7E).contains(&b) {
-                fallback[b as usize] = vocab
-                    .text_to_token(&(b as char).to_string())
-                    .unwrap_or(NONE);
-            }
+            let token = if byte_encode {
+                (0x21..=0x7E)
+                    .contains(&b)
+                    .then(|| vocab.text_to_token(&(b as char).to_string()))
+                    .flatten()
+            } else {
+                vocab.text_to_token(&format!("<0x{b:02X}>"))
+            };
+            fallback[b as usize] = token.unwrap_or(NONE);
         }
         Bpe {
             n_vocab,
+            byte_encode,
             ignore_merges: vocab.ignore_merges,
+            whole_newlines: pre == Some(PreTokenizer::Gemma4),
             ids,
             merges,
             byte_ids,
@@ -117,7 +146,8 @@ impl Bpe {
 
     /// Append the tokens of one pre-tokenized word (raw bytes) to `out`.
     pub fn encode_word(&self, word: &[u8], out: &mut Vec<u32>, scratch: &mut Scratch) {
-        if self.ignore_merges
+        let whole = self.ignore_merges || (self.whole_newlines && word.iter().all(|&b| b == b'\n'));
+        if whole
             && let Some(&id) = self.ids.get(word)
             && id < self.n_vocab
         {
@@ -166,16 +196,35 @@ impl Bpe {
         let Scratch { symbols, queue } = scratch;
         symbols.clear();
         queue.clear();
+        // One symbol per byte, or per character without the byte alphabet.
         let n = word.len();
-        symbols.extend(word.iter().enumerate().map(|(i, &b)| Symbol {
-            id: self.byte_ids[b as usize],
-            start: i,
-            len: 1,
-            prev: i.wrapping_sub(1), // usize::MAX: no neighbour
-            next: if i + 1 < n { i + 1 } else { usize::MAX },
-        }));
+        let mut start = 0;
+        while start < n {
+            let len = if self.byte_encode {
+                1
+            } else {
+                utf8_len(word[start]).min(n - start)
+            };
+            let id = if len == 1 {
+                self.byte_ids[word[start] as usize]
+            } else {
+                self.ids
+                    .get(&word[start..start + len])
+                    .copied()
+                    .unwrap_or(NONE)
+            };
+            let i = symbols.len();
+            symbols.push(Symbol {
+                id,
+                start,
+                len,
+                prev: i.wrapping_sub(1), // usize::MAX: no neighbour
+                next: if start + len < n { i + 1 } else { usize::MAX },
+            });
+            start += len;
+        }
         trace(symbols, None);
-        for i in 1..n {
+        for i in 1..symbols.len() {
             self.push_candidate(symbols, queue, i - 1, i);
         }
         // ANCHOR: yours_merge_loop
@@ -221,6 +270,17 @@ impl Bpe {
         // ANCHOR_END: yours_push_candidate
     }
     // ANCHOR_END: merge
+}
+
+/// The length of the UTF-8 sequence that `first` starts (1 for a stray continuation byte), as
+/// llama.cpp's `unicode_len_utf8`.
+fn utf8_len(first: u8) -> usize {
+    match first >> 4 {
+        0xC | 0xD => 2,
+        0xE => 3,
+        0xF => 4,
+        _ => 1,
+    }
 }
 
 /// Buffers reused from word to word.

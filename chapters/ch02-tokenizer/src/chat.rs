@@ -97,7 +97,12 @@ impl ChatTemplate {
 
     /// The template in `tokenizer.chat_template`, with the BOS and EOS token texts.
     pub fn from_gguf(gguf: &ch01::Gguf) -> Result<ChatTemplate, TokenizerError> {
-        let source = gguf.get_str("tokenizer.chat_template")?;
+        ChatTemplate::with_tokens_of(gguf, gguf.get_str("tokenizer.chat_template")?)
+    }
+
+    /// Compile `source` with the BOS and EOS token texts of `gguf`'s vocabulary: for a file
+    /// without a template of its own, whose model family has a known one (chapter 13).
+    pub fn with_tokens_of(gguf: &ch01::Gguf, source: &str) -> Result<ChatTemplate, TokenizerError> {
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
         let text = |key: &'static str| -> Result<String, TokenizerError> {
             if gguf.get(key).is_none() {

@@ -1,8 +1,9 @@
 //! From token ids back to bytes and text.
 //!
 //! Each token has a *piece*: the bytes it stands for. Joining pieces gives the text, with two
-//! adjustments llama.cpp makes (`llama_vocab::impl::detokenize`): SentencePiece drops the
-//! space it added in front, and some BPE vocabularies "clean up" spaces before punctuation.
+//! adjustments llama.cpp makes (`llama_vocab::impl::detokenize`): a vocabulary that adds a
+//! space in front of the text drops it again, and some vocabularies "clean up" spaces before
+//! punctuation.
 //!
 //! A piece need not be valid UTF-8 on its own: `é` may be two byte tokens, and a BPE token may
 //! end in the middle of a character. [`StreamDecoder`] turns tokens into text one at a time
@@ -24,9 +25,10 @@ pub fn token_piece(vocab: &Vocab, id: u32) -> Vec<u8> {
         return text.as_bytes().to_vec();
     }
     if attr.has(TokenAttr::NORMAL) {
+        // Byte-level BPE spells bytes in GPT-2's alphabet; the others write spaces as `▁`.
         return match vocab.kind {
-            VocabKind::Spm => text.replace('▁', " ").into_bytes(),
-            VocabKind::Bpe(_) => byte_level_to_bytes(text),
+            VocabKind::Bpe(_) if !vocab.escape_whitespaces => byte_level_to_bytes(text),
+            _ => text.replace('▁', " ").into_bytes(),
         };
     }
     if attr.has(TokenAttr::BYTE) {

@@ -10,9 +10,8 @@ pub enum TokenizerError {
     Gguf(ch01::GgufError),
     /// `tokenizer.ggml.model` names a tokenizer this chapter does not implement.
     UnsupportedModel(String),
-    /// `tokenizer.ggml.pre` names a pre-tokenizer this chapter does not implement (`None`: the
-    /// key is absent, for which llama.cpp falls back to a rule this chapter leaves out).
-    UnsupportedPre(Option<String>),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer llama.cpp does not know either.
+    UnsupportedPre(String),
     /// A per-token array (scores, token types) does not have one entry per token.
     ArrayLength {
         key: &'static str,
@@ -41,6 +40,8 @@ pub enum TokenizerError {
     BadMerge { index: usize, text: String },
     /// A BPE vocabulary without merges.
     NoMerges,
+    /// `tokenizer.ggml.precompiled_charsmap` is shorter than the sizes in its header.
+    BadCharsMap { len: usize },
     /// A token id past the end of the vocabulary.
     TokenOutOfRange { id: u32, n_vocab: usize },
     /// The chat template does not compile or fails to render.
@@ -57,17 +58,14 @@ impl fmt::Display for TokenizerError {
             TokenizerError::Gguf(e) => write!(f, "{e}"),
             TokenizerError::UnsupportedModel(m) => write!(
                 f,
-                "tokenizer.ggml.model is {m:?}; this tokenizer implements \"gpt2\" (byte-level \
-                 BPE) and \"llama\" (SentencePiece)"
+                "tokenizer.ggml.model is {m:?}; this tokenizer implements \"llama\" \
+                 (SentencePiece), \"gpt2\" and \"gemma4\" (BPE), \"bert\" (WordPiece) and \"t5\" \
+                 (Unigram)"
             ),
-            TokenizerError::UnsupportedPre(Some(p)) => write!(
+            TokenizerError::UnsupportedPre(p) => write!(
                 f,
-                "tokenizer.ggml.pre is {p:?}, a pre-tokenizer this chapter does not implement"
-            ),
-            TokenizerError::UnsupportedPre(None) => write!(
-                f,
-                "tokenizer.ggml.pre is missing; the fallback rule llama.cpp then uses is not \
-                 implemented here"
+                "tokenizer.ggml.pre is {p:?}, a pre-tokenizer that llama.cpp's table (and so \
+                 this one) does not have"
             ),
             TokenizerError::ArrayLength { key, len, n_tokens } => write!(
                 f,
@@ -101,6 +99,11 @@ impl fmt::Display for TokenizerError {
             TokenizerError::NoMerges => write!(
                 f,
                 "tokenizer.ggml.merges is missing: a BPE vocabulary needs its merge rules"
+            ),
+            TokenizerError::BadCharsMap { len } => write!(
+                f,
+                "tokenizer.ggml.precompiled_charsmap has {len} bytes, too few for the character \
+                 map its header describes"
             ),
             TokenizerError::TokenOutOfRange { id, n_vocab } => write!(
                 f,

@@ -1,26 +1,28 @@
-//! The tokenizer: text to token ids and back, for both vocabulary kinds.
+//! The tokenizer: text to token ids and back, for every vocabulary kind.
 
 use crate::TokenizerError;
 use crate::bpe::{Bpe, PairHasher, Scratch};
 use crate::decode::{can_clean_separately, clean_spaces, take_utf8, token_piece};
-use crate::pretokenize::{PreTokenizer, RegexSplitter};
+use crate::pretokenize::{PreTokenizer, RegexSplitter, Splitter};
 use crate::special::{Fragment, partition_literal, special_tokens};
 use crate::spm;
+use crate::ugm::Ugm;
 use crate::vocab::{TokenAttr, Vocab, VocabKind};
+use crate::wpm::Wpm;
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::ops::Range;
 
-/// Something that cuts text into words for BPE: the hand-written [`PreTokenizer`] or the
+/// Something that cuts text into words for BPE: llama.cpp's [`Splitter`] or the
 /// [`RegexSplitter`].
 pub trait Split {
     /// Append the byte ranges of `text`'s words to `out`.
     fn split(&self, text: &str, out: &mut Vec<Range<usize>>);
 }
 
-impl Split for PreTokenizer {
+impl Split for Splitter {
     fn split(&self, text: &str, out: &mut Vec<Range<usize>>) {
-        PreTokenizer::split(*self, text, out)
+        Splitter::split(self, text, out)
     }
 }
 
@@ -30,54 +32,70 @@ impl Split for RegexSplitter {
     }
 }
 
+/// The tables each kind of vocabulary encodes with.
+enum Model {
+    Spm {
+        /// Byte fallback: the `<0x..>` token of each byte.
+        byte_tokens: [Option<u32>; 256],
+        /// Every pair of neighbouring characters inside some token. Text can be cut between
+        /// two characters that form no such pair: no merge will ever join them.
+        pairs: HashSet<(char, char), BuildHasherDefault<PairHasher>>,
+    },
+    Bpe {
+        splitter: Splitter,
+        bpe: Bpe,
+    },
+    Wpm(Wpm),
+    Ugm(Ugm),
+}
+
 /// A vocabulary with everything needed to encode and decode.
 pub struct Tokenizer {
     vocab: Vocab,
-    bpe: Option<(PreTokenizer, Bpe)>,
+    model: Model,
     /// Tokens recognised in input text, longest first.
     specials: Vec<u32>,
     /// The bytes of every token, special tokens rendered as text.
     pieces: Vec<Box<[u8]>>, // (n_vocab)
-    /// SentencePiece byte fallback: the `<0x..>` token of each byte.
-    byte_tokens: [Option<u32>; 256],
-    /// SentencePiece: every pair of neighbouring characters inside some token. Text can be cut
-    /// between two characters that form no such pair: no merge will ever join them.
-    spm_pairs: HashSet<(char, char), BuildHasherDefault<PairHasher>>,
 }
 
 impl Tokenizer {
     /// Build the merge tables, special-token list and piece cache of `vocab`.
     pub fn new(vocab: Vocab) -> Tokenizer {
-        let bpe = match vocab.kind {
-            VocabKind::Bpe(pre) => Some((pre, Bpe::new(&vocab))),
-            VocabKind::Spm => None,
+        let model = match vocab.kind {
+            VocabKind::Bpe(pre) => Model::Bpe {
+                splitter: Splitter::new(pre),
+                bpe: Bpe::new(&vocab),
+            },
+            VocabKind::Spm => {
+                let mut byte_tokens = [None; 256];
+                for b in 0..=255u8 {
+                    // llama.cpp's `byte_to_token`: "<0xE2>", else a token made of the byte.
+                    byte_tokens[b as usize] =
+                        vocab.text_to_token(&format!("<0x{b:02X}>")).or_else(|| {
+                            b.is_ascii()
+                                .then(|| vocab.text_to_token(&(b as char).to_string()))?
+                        });
+                }
+                let mut pairs = HashSet::default();
+                for text in &vocab.tokens {
+                    let chars: Vec<char> = text.chars().collect();
+                    pairs.extend(chars.windows(2).map(|w| (w[0], w[1])));
+                }
+                Model::Spm { byte_tokens, pairs }
+            }
+            VocabKind::Wpm => Model::Wpm(Wpm::new(&vocab)),
+            VocabKind::Ugm => Model::Ugm(Ugm::new(&vocab)),
         };
         let specials = special_tokens(&vocab);
         let pieces = (0..vocab.len() as u32)
             .map(|id| token_piece(&vocab, id).into_boxed_slice())
             .collect();
-        let mut byte_tokens = [None; 256];
-        for b in 0..=255u8 {
-            // llama.cpp's `byte_to_token`: "<0xE2>", else a token made of the byte itself.
-            byte_tokens[b as usize] = vocab.text_to_token(&format!("<0x{b:02X}>")).or_else(|| {
-                b.is_ascii()
-                    .then(|| vocab.text_to_token(&(b as char).to_string()))?
-            });
-        }
-        let mut spm_pairs = HashSet::default();
-        if vocab.kind == VocabKind::Spm {
-            for text in &vocab.tokens {
-                let chars: Vec<char> = text.chars().collect();
-                spm_pairs.extend(chars.windows(2).map(|w| (w[0], w[1])));
-            }
-        }
         Tokenizer {
             vocab,
-            bpe,
+            model,
             specials,
             pieces,
-            byte_tokens,
-            spm_pairs,
         }
     }
 
@@ -133,17 +151,27 @@ impl Tokenizer {
         self.vocab.tokens.get(id as usize).map(String::as_str)
     }
 
-    /// The hand-written pre-tokenizer of a BPE vocabulary.
+    /// The pre-tokenizer rule of a BPE vocabulary.
     pub fn pre_tokenizer(&self) -> Option<PreTokenizer> {
-        self.bpe.as_ref().map(|(pre, _)| *pre)
+        self.splitter().map(Splitter::pre_tokenizer)
     }
 
-    /// The BPE merge machinery (`None` for SentencePiece).
+    /// The word splitter of a BPE vocabulary.
+    pub fn splitter(&self) -> Option<&Splitter> {
+        match &self.model {
+            Model::Bpe { splitter, .. } => Some(splitter),
+            _ => None,
+        }
+    }
+
+    /// The BPE merge machinery (`None` for the other kinds).
     pub fn bpe(&self) -> Option<&Bpe> {
-        self.bpe.as_ref().map(|(_, bpe)| bpe)
+        match &self.model {
+            Model::Bpe { bpe, .. } => Some(bpe),
+            _ => None,
+        }
     }
 
-    // ANCHOR: encode
     /// Token ids of `text`. `add_special` adds BOS/EOS where the vocabulary asks for them;
     /// `parse_special` lets control tokens written in the text (`<|im_start|>`) become tokens.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
@@ -166,13 +194,10 @@ impl Tokenizer {
         add_special: bool,
         literal: &[Range<usize>],
     ) -> Vec<u32> {
-        match &self.bpe {
-            Some((pre, _)) => self.encode_parts(pre, text, add_special, literal),
-            None => self.encode_spm(text, add_special, literal),
-        }
+        self.encode_fragments(None, text, add_special, literal)
     }
 
-    /// [`Tokenizer::encode`] with another word splitter (BPE only; SentencePiece has none).
+    /// [`Tokenizer::encode`] with another word splitter (BPE only; the other kinds have none).
     pub fn encode_with(
         &self,
         splitter: &dyn Split,
@@ -186,53 +211,24 @@ impl Tokenizer {
         } else {
             std::slice::from_ref(&everything)
         };
-        self.encode_parts(splitter, text, add_special, literal)
+        self.encode_fragments(Some(splitter), text, add_special, literal)
     }
 
-    fn encode_parts(
+    // ANCHOR: encode
+    fn encode_fragments(
         &self,
-        splitter: &dyn Split,
+        splitter: Option<&dyn Split>,
         text: &str,
         add_special: bool,
         literal: &[Range<usize>],
     ) -> Vec<u32> {
-        let Some((_, bpe)) = &self.bpe else {
-            return self.encode_spm(text, add_special, literal);
-        };
         let v = &self.vocab;
+        let wpm = v.kind == VocabKind::Wpm;
         let mut out = Vec::with_capacity(text.len() / 3);
-        if add_special && v.add_bos {
+        // WordPiece always frames the text as [CLS] ... [SEP].
+        if add_special && (v.add_bos || wpm) {
             out.extend(v.special.bos);
         }
-        let mut words = Vec::new();
-        let mut scratch = Scratch::default();
-        for fragment in partition_literal(v, &self.specials, text, literal) {
-            match fragment {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(range) => {
-                    let text = &text[range];
-                    words.clear();
-                    splitter.split(text, &mut words);
-                    for word in &words {
-                        bpe.encode_word(&text.as_bytes()[word.clone()], &mut out, &mut scratch);
-                    }
-                }
-            }
-        }
-        if add_special && v.add_eos {
-            out.extend(v.special.eos);
-        }
-        out
-    }
-
-    fn encode_spm(&self, text: &str, add_special: bool, literal: &[Range<usize>]) -> Vec<u32> {
-        let v = &self.vocab;
-        let mut out = Vec::with_capacity(text.len() / 3);
-        if add_special && v.add_bos {
-            out.extend(v.special.bos);
-        }
-        // A space goes in front of the text, and of text after a special token: SentencePiece
-        // was trained on words that carry their leading space.
         let mut after_special = true;
         for fragment in partition_literal(v, &self.specials, text, literal) {
             match fragment {
@@ -241,35 +237,72 @@ impl Tokenizer {
                     after_special = true;
                 }
                 Fragment::Text(range) => {
-                    let prefix = if v.add_space_prefix && after_special {
-                        " "
-                    } else {
-                        ""
-                    };
-                    let escaped = format!("{prefix}{}", &text[range]).replace(' ', "▁");
-                    let byte_token = |b: u8| self.byte_tokens[b as usize].or(v.special.unk);
-                    // llama.cpp queues the candidate merges of the whole fragment in one heap.
-                    // Merges never cross a cut between characters that no token holds side by
-                    // side, so each stretch between such cuts can be merged on its own, with
-                    // the same result and a heap a few entries deep instead of millions.
-                    let mut start = 0;
-                    let mut prev: Option<char> = None;
-                    for (i, c) in escaped.char_indices() {
-                        if prev.is_some_and(|p| !self.spm_pairs.contains(&(p, c))) {
-                            spm::encode(v, &escaped[start..i], byte_token, &mut out, None);
-                            start = i;
-                        }
-                        prev = Some(c);
-                    }
-                    spm::encode(v, &escaped[start..], byte_token, &mut out, None);
+                    self.encode_text(splitter, &text[range], after_special, &mut out);
                     after_special = false;
                 }
             }
         }
-        if add_special && v.add_eos {
+        if add_special && wpm {
+            out.extend(v.special.sep);
+        } else if add_special && v.add_eos {
             out.extend(v.special.eos);
         }
         out
+    }
+
+    /// Append the tokens of a text fragment (no special tokens in it) to `out`.
+    fn encode_text(
+        &self,
+        splitter: Option<&dyn Split>,
+        text: &str,
+        after_special: bool,
+        out: &mut Vec<u32>,
+    ) {
+        let v = &self.vocab;
+        match &self.model {
+            Model::Bpe { splitter: own, bpe } => {
+                let escaped;
+                let text = if v.escape_whitespaces {
+                    escaped = text.replace(' ', "▁");
+                    &escaped
+                } else {
+                    text
+                };
+                let mut words = Vec::new();
+                splitter.unwrap_or(own).split(text, &mut words);
+                let mut scratch = Scratch::default();
+                for word in &words {
+                    bpe.encode_word(&text.as_bytes()[word.clone()], out, &mut scratch);
+                }
+            }
+            Model::Spm { byte_tokens, pairs } => {
+                // A space goes in front of the text, and of text after a special token:
+                // SentencePiece was trained on words that carry their leading space.
+                let prefix = if v.add_space_prefix && after_special {
+                    " "
+                } else {
+                    ""
+                };
+                let escaped = format!("{prefix}{text}").replace(' ', "▁");
+                let byte_token = |b: u8| byte_tokens[b as usize].or(v.special.unk);
+                // llama.cpp queues the candidate merges of the whole fragment in one heap.
+                // Merges never cross a cut between characters that no token holds side by
+                // side, so each stretch between such cuts can be merged on its own, with the
+                // same result and a heap a few entries deep instead of millions.
+                let mut start = 0;
+                let mut prev: Option<char> = None;
+                for (i, c) in escaped.char_indices() {
+                    if prev.is_some_and(|p| !pairs.contains(&(p, c))) {
+                        spm::encode(v, &escaped[start..i], byte_token, out, None);
+                        start = i;
+                    }
+                    prev = Some(c);
+                }
+                spm::encode(v, &escaped[start..], byte_token, out, None);
+            }
+            Model::Wpm(wpm) => wpm.encode(v, text, out),
+            Model::Ugm(ugm) => ugm.encode(v, text, out),
+        }
     }
     // ANCHOR_END: encode
 

@@ -1,13 +1,16 @@
-//! Character classes for the pre-tokenizers, and GPT-2's byte-to-character mapping.
+//! Character classes for the pre-tokenizers, GPT-2's byte-to-character mapping, and the
+//! lower-casing and accent stripping of BERT's normalizer.
 //!
 //! The classes are Unicode general categories folded into the eight groups that the
 //! pre-tokenizer regexes name: `\p{L}` letters, `\p{N}` numbers, `\p{P}` punctuation and so on,
 //! plus `\s` whitespace. They come from a generated table (`unicode_data.rs`, Unicode 15.1, the
 //! version llama.cpp's tables were made from): a letter added in a later Unicode version would
-//! otherwise split differently here than in llama.cpp.
+//! otherwise split differently here than in llama.cpp. The same file has llama.cpp's simplified
+//! case and decomposition tables: one lower-case code point per code point, and the first code
+//! point of each decomposition.
 
-use crate::unicode_data::CLASS_RANGES;
 pub use crate::unicode_data::UNICODE_VERSION;
+use crate::unicode_data::{CLASS_RANGES, LOWERCASE, NFD_FIRST};
 use std::sync::OnceLock;
 
 /// The classes of one code point: one category bit, plus [`Class::WHITESPACE`] when the code
@@ -43,6 +46,24 @@ impl Class {
     pub fn is_whitespace(self) -> bool {
         self.0 & Self::WHITESPACE != 0
     }
+    /// `\p{M}`: combining marks (llama.cpp's `is_accent_mark`).
+    pub fn is_mark(self) -> bool {
+        self.0 & Self::MARK != 0
+    }
+    pub fn is_punctuation(self) -> bool {
+        self.0 & Self::PUNCTUATION != 0
+    }
+    pub fn is_symbol(self) -> bool {
+        self.0 & Self::SYMBOL != 0
+    }
+    /// `\p{C}` less unassigned code points: controls, formats, private use, surrogates.
+    pub fn is_control(self) -> bool {
+        self.0 & Self::CONTROL != 0
+    }
+    /// The general-category bit alone, without [`Class::WHITESPACE`].
+    pub fn category(self) -> u16 {
+        self.0 & !Self::WHITESPACE
+    }
     /// `[^\s\p{L}\p{N}]`: a real code point that is none of whitespace, letter, number.
     pub fn is_other(self) -> bool {
         self.0 != 0 && self.0 & (Self::WHITESPACE | Self::LETTER | Self::NUMBER) == 0
@@ -77,6 +98,37 @@ pub fn class_of(c: char) -> Class {
         0
     };
     Class(category | ws)
+}
+
+/// The lower case of `c`, one code point for one (llama.cpp's `unicode_tolower`, from the simple
+/// mapping of UnicodeData.txt: `İ` becomes `i`, not `i` and a combining dot).
+pub fn to_lower(c: char) -> char {
+    match LOWERCASE.binary_search_by_key(&(c as u32), |&(from, _)| from) {
+        Ok(i) => char::from_u32(LOWERCASE[i].1).unwrap_or(c),
+        Err(_) => c,
+    }
+}
+
+/// The first code point of the canonical decomposition (NFD) of `c`: `é` becomes `e`, `Å`
+/// becomes `A`. llama.cpp's `unicode_cpts_normalize_nfd` maps each code point to just this one,
+/// and drops nothing: BERT's accent stripping then removes the marks that were already
+/// separate code points in the input.
+pub fn nfd_first(c: char) -> char {
+    let cp = c as u32;
+    let i = NFD_FIRST.partition_point(|&(first, _, _)| first <= cp);
+    match i.checked_sub(1).map(|i| NFD_FIRST[i]) {
+        Some((first, last, nfd)) if first <= cp && cp <= last => char::from_u32(nfd).unwrap_or(c),
+        _ => c,
+    }
+}
+
+/// Han characters, as llama.cpp's `unicode_cpt_is_han` lists them: the CJK unified ideographs
+/// with extensions A to F, and the compatibility ideographs.
+pub fn is_han(c: char) -> bool {
+    matches!(c as u32,
+        0x4E00..=0x9FFF | 0x3400..=0x4DBF | 0x20000..=0x2A6DF | 0x2A700..=0x2B73F
+        | 0x2B740..=0x2B81F | 0x2B820..=0x2CEAF | 0x2CEB0..=0x2EBEF | 0xF900..=0xFAFF
+        | 0x2F800..=0x2FA1F)
 }
 
 // ANCHOR: bytes_to_unicode
@@ -170,5 +222,19 @@ mod tests {
         assert_eq!(class_of('\u{31EF}').bits(), Class::SYMBOL);
         assert_eq!(class_of('\u{1C89}').bits(), Class::UNDEFINED);
         assert!(!Class::NONE.is_other());
+    }
+
+    #[test]
+    fn lower_case_and_first_decomposed_code_point() {
+        assert_eq!(to_lower('A'), 'a');
+        assert_eq!(to_lower('Ж'), 'ж');
+        assert_eq!(to_lower('\u{130}'), 'i');
+        assert_eq!(to_lower('a'), 'a');
+        assert_eq!(nfd_first('é'), 'e');
+        assert_eq!(nfd_first('Å'), 'A');
+        assert_eq!(nfd_first('ǖ'), 'u'); // two marks: both dropped from the decomposition
+        assert_eq!(nfd_first('x'), 'x');
+        assert_eq!(nfd_first('가'), '\u{1100}'); // Hangul syllables decompose to jamo
+        assert!(is_han('中') && !is_han('あ'));
     }
 }

@@ -5,7 +5,8 @@
 //! [`Vocab::from_gguf`] reads the same vectors from `tokenizer.ggml.*` metadata.
 
 use crate::TokenizerError;
-use crate::pretokenize::PreTokenizer;
+use crate::pretokenize::{PreTokenizer, pre_name};
+use ch01::gguf::{Value, ValueType};
 use std::collections::{BTreeSet, HashMap};
 
 /// The most tokens a vocabulary may have. The largest vocabularies of open models, Gemma 3's
@@ -62,13 +63,18 @@ impl TokenAttr {
     }
 }
 
-/// Which algorithm turns text into tokens.
+/// Which algorithm turns text into tokens (`tokenizer.ggml.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VocabKind {
-    /// SentencePiece (`tokenizer.ggml.model = "llama"`): merges chosen by token score.
+    /// SentencePiece (`"llama"`): merges chosen by token score.
     Spm,
-    /// Byte-level BPE (`"gpt2"`): text pre-split into words, merges chosen by rank.
+    /// BPE (`"gpt2"`, and Gemma 4's `"gemma4"`): text pre-split into words by a rule, merges
+    /// chosen by rank.
     Bpe(PreTokenizer),
+    /// WordPiece (`"bert"`): the longest token that starts each word, again and again.
+    Wpm,
+    /// Unigram (`"t5"`): the segmentation whose tokens' scores sum highest.
+    Ugm,
 }
 
 /// The special token ids llama.cpp tracks. `None`: the vocabulary has no such token.
@@ -107,8 +113,102 @@ pub struct VocabOptions {
     pub add_eos: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix`.
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram: runs of spaces become one).
+    pub remove_extra_whitespaces: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece).
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; default: as `lowercase`).
+    pub strip_accents: Option<bool>,
+    /// `tokenizer.ggml.precompiled_charsmap`: Unigram's normalization rules.
+    pub precompiled_charsmap: Option<Vec<u8>>,
     /// `general.name`: llama.cpp sets per-token attributes for a few models by name.
     pub model_name: Option<String>,
+    /// `general.architecture`: likewise, for a few architectures.
+    pub architecture: Option<String>,
+}
+
+impl VocabOptions {
+    /// Read the options from GGUF metadata: every key that is present, of the right type.
+    pub fn from_gguf(gguf: &ch01::Gguf) -> Result<VocabOptions, TokenizerError> {
+        let has = |key: &str| gguf.get(key).is_some();
+        let opt_id = |key: &str| -> Result<Option<u32>, TokenizerError> {
+            Ok(if has(key) {
+                Some(gguf.get_u32(key)?)
+            } else {
+                None
+            })
+        };
+        let opt_bool = |key: &str| -> Result<Option<bool>, TokenizerError> {
+            Ok(if has(key) {
+                Some(gguf.get_bool(key)?)
+            } else {
+                None
+            })
+        };
+        let opt_str = |key: &str| -> Result<Option<String>, TokenizerError> {
+            Ok(if has(key) {
+                Some(gguf.get_str(key)?.to_string())
+            } else {
+                None
+            })
+        };
+
+        let n_tokens = gguf.get_array("tokenizer.ggml.tokens")?.len();
+        // The deprecated prefix/suffix/middle keys come last and win, as in llama.cpp, unless
+        // they are out of range.
+        let fim = |new: &str, old: &str| -> Result<Option<u32>, TokenizerError> {
+            let old = opt_id(old)?.filter(|&id| (id as usize) < n_tokens);
+            Ok(old.or(opt_id(new)?))
+        };
+        let k = |name: &str| format!("tokenizer.ggml.{name}_token_id");
+        let ids = SpecialIds {
+            bos: opt_id(&k("bos"))?,
+            eos: opt_id(&k("eos"))?,
+            eot: opt_id(&k("eot"))?,
+            eom: opt_id(&k("eom"))?,
+            unk: opt_id(&k("unknown"))?,
+            sep: opt_id(&k("seperator"))?,
+            pad: opt_id(&k("padding"))?,
+            mask: opt_id(&k("mask"))?,
+            fim_pre: fim(&k("fim_pre"), &k("prefix"))?,
+            fim_suf: fim(&k("fim_suf"), &k("suffix"))?,
+            fim_mid: fim(&k("fim_mid"), &k("middle"))?,
+            fim_pad: opt_id(&k("fim_pad"))?,
+            fim_rep: opt_id(&k("fim_rep"))?,
+            fim_sep: opt_id(&k("fim_sep"))?,
+        };
+        let charsmap_key = "tokenizer.ggml.precompiled_charsmap";
+        let precompiled_charsmap = match gguf.get(charsmap_key) {
+            None => None,
+            Some(Value::Array(ValueType::U8 | ValueType::I8, items)) => Some(
+                items
+                    .iter()
+                    .map(|x| x.as_i128().map_or(0, |b| b as u8))
+                    .collect(),
+            ),
+            Some(other) => {
+                return Err(TokenizerError::Gguf(ch01::GgufError::WrongType {
+                    key: charsmap_key.to_string(),
+                    expected: "array of u8",
+                    found: other.describe(),
+                }));
+            }
+        };
+        let opts = VocabOptions {
+            pre: opt_str("tokenizer.ggml.pre")?,
+            ids,
+            add_bos: opt_bool("tokenizer.ggml.add_bos_token")?,
+            add_eos: opt_bool("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: opt_bool("tokenizer.ggml.add_space_prefix")?,
+            remove_extra_whitespaces: opt_bool("tokenizer.ggml.remove_extra_whitespaces")?,
+            lowercase: opt_bool("tokenizer.ggml.normalizer.lowercase")?,
+            strip_accents: opt_bool("tokenizer.ggml.normalizer.strip_accents")?,
+            precompiled_charsmap,
+            model_name: opt_str("general.name")?,
+            architecture: opt_str("general.architecture")?,
+        };
+        Ok(opts)
+    }
 }
 
 /// A vocabulary as llama.cpp holds it after loading.
@@ -134,35 +234,29 @@ pub struct Vocab {
     pub clean_spaces: bool,
     /// Llama 3: a word that is already a token is taken whole, without merging.
     pub ignore_merges: bool,
+    /// Spaces become `▁` before tokenizing (SentencePiece-style BPE, Unigram).
+    pub escape_whitespaces: bool,
+    /// Unigram: runs of spaces become one, and every word gets a space in front.
+    pub remove_extra_whitespaces: bool,
+    /// WordPiece: lower-case the text.
+    pub lowercase: bool,
+    /// WordPiece: replace each code point by the first of its decomposition, drop marks.
+    pub strip_accents: bool,
+    /// Unigram: the normalization rules, SentencePiece's compiled character map.
+    pub precompiled_charsmap: Vec<u8>,
     token_to_id: HashMap<String, u32>,
 }
 
-/// Settings that follow from `tokenizer.ggml.pre` for byte-level BPE, as llama.cpp sets them.
-struct PreSettings {
-    splitter: PreTokenizer,
+/// What the model type sets before the metadata is read.
+struct Defaults {
+    kind: VocabKind,
+    special: SpecialIds,
+    add_space_prefix: bool,
     clean_spaces: bool,
     ignore_merges: bool,
+    escape_whitespaces: bool,
     add_bos: bool,
-}
-
-fn pre_settings(pre: &str) -> Option<PreSettings> {
-    let s = |splitter, clean_spaces, ignore_merges, add_bos| PreSettings {
-        splitter,
-        clean_spaces,
-        ignore_merges,
-        add_bos,
-    };
-    use PreTokenizer::*;
-    Some(match pre {
-        "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" => s(Gpt2, true, false, false),
-        "smollm" | "command-r" => s(Smollm, false, false, false),
-        "starcoder" | "refact" => s(Smollm, true, false, false),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => s(Llama3, true, true, true),
-        "dbrx" | "smaug-bpe" => s(Llama3, true, false, false),
-        "qwen2" | "deepseek-r1-qwen" => s(Qwen2, false, false, false),
-        "stablelm2" => s(Qwen2, true, false, false),
-        _ => return None,
-    })
+    add_eos: bool,
 }
 
 // Texts by which llama.cpp recognises special tokens that the metadata does not name.
@@ -243,6 +337,91 @@ const EOG_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
+/// llama.cpp's defaults for tokenizer `model` (`llama_vocab::impl::load`), and for BPE those of
+/// the `tokenizer.ggml.pre` value `pre` (absent: `default`).
+fn defaults(model: &str, pre: Option<&str>, no_merges: bool) -> Result<Defaults, TokenizerError> {
+    let none = SpecialIds::default();
+    let d = |kind, special, add_space_prefix, clean_spaces, add_bos, add_eos| Defaults {
+        kind,
+        special,
+        add_space_prefix,
+        clean_spaces,
+        ignore_merges: false,
+        escape_whitespaces: true,
+        add_bos,
+        add_eos,
+    };
+    Ok(match model {
+        "llama" => {
+            let ids = SpecialIds {
+                bos: Some(1),
+                eos: Some(2),
+                unk: Some(0),
+                ..none
+            };
+            d(VocabKind::Spm, ids, true, false, true, false)
+        }
+        "bert" => {
+            let ids = SpecialIds {
+                bos: Some(101),
+                unk: Some(100),
+                sep: Some(102),
+                pad: Some(0),
+                mask: Some(103),
+                ..none
+            };
+            d(VocabKind::Wpm, ids, false, true, true, false)
+        }
+        "t5" => {
+            let ids = SpecialIds {
+                eos: Some(1),
+                unk: Some(2),
+                pad: Some(0),
+                ..none
+            };
+            d(VocabKind::Ugm, ids, false, false, false, true)
+        }
+        "gpt2" | "gemma4" => {
+            // Gemma 4's vocabulary is always its own pre-tokenizer, and names no default ids.
+            let pre = if model == "gemma4" {
+                "gemma4"
+            } else {
+                pre.unwrap_or("default")
+            };
+            let row = pre_name(pre).ok_or_else(|| TokenizerError::UnsupportedPre(pre.into()))?;
+            // Kimi K2 tokenizes without merge rules.
+            if no_merges && pre != "kimi-k2" {
+                return Err(TokenizerError::NoMerges);
+            }
+            let ids = if model == "gemma4" || row.no_bos {
+                SpecialIds {
+                    eos: (model == "gpt2").then_some(11),
+                    ..none
+                }
+            } else {
+                SpecialIds {
+                    bos: Some(11),
+                    eos: Some(11),
+                    ..none
+                }
+            };
+            Defaults {
+                ignore_merges: row.ignore_merges,
+                escape_whitespaces: row.escape_whitespaces,
+                ..d(
+                    VocabKind::Bpe(row.pre),
+                    ids,
+                    false,
+                    row.clean_spaces,
+                    row.add_bos,
+                    false,
+                )
+            }
+        }
+        other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+    })
+}
+
 /// A per-token array has one entry per token, or is absent (`len` 0). llama.cpp reads the
 /// arrays by token id without checking: a short one would read past its end, and one of
 /// another length does not describe these tokens.
@@ -272,42 +451,7 @@ impl Vocab {
                 limit: MAX_VOCAB_TOKENS,
             });
         }
-        // Defaults by kind, then by pre-tokenizer (llama_vocab::impl::load).
-        let (kind, mut special, add_space_prefix, clean_spaces, ignore_merges, add_bos) =
-            match model {
-                "llama" => {
-                    let ids = SpecialIds {
-                        bos: Some(1),
-                        eos: Some(2),
-                        unk: Some(0),
-                        ..SpecialIds::default()
-                    };
-                    (VocabKind::Spm, ids, true, false, false, true)
-                }
-                "gpt2" => {
-                    if merges.is_empty() {
-                        return Err(TokenizerError::NoMerges);
-                    }
-                    let pre = opts.pre.as_deref();
-                    let settings = pre
-                        .and_then(pre_settings)
-                        .ok_or_else(|| TokenizerError::UnsupportedPre(pre.map(String::from)))?;
-                    let ids = SpecialIds {
-                        bos: Some(11),
-                        eos: Some(11),
-                        ..SpecialIds::default()
-                    };
-                    (
-                        VocabKind::Bpe(settings.splitter),
-                        ids,
-                        false,
-                        settings.clean_spaces,
-                        settings.ignore_merges,
-                        settings.add_bos,
-                    )
-                }
-                other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
-            };
+        let d = defaults(model, opts.pre.as_deref(), merges.is_empty())?;
         for (key, len) in [
             ("tokenizer.ggml.token_type", types.len()),
             ("tokenizer.ggml.scores", scores.len()),
@@ -369,15 +513,16 @@ impl Vocab {
         let fit = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
         let pick = |default: Option<u32>, stored: Option<u32>| fit(stored).or(fit(default));
         let o = &opts.ids;
-        special = SpecialIds {
-            bos: pick(special.bos, o.bos),
-            eos: pick(special.eos, o.eos),
+        let default = d.special;
+        let special = SpecialIds {
+            bos: pick(default.bos, o.bos),
+            eos: pick(default.eos, o.eos),
             eot: pick(None, o.eot),
             eom: pick(None, o.eom),
-            unk: pick(special.unk, o.unk),
-            sep: pick(None, o.sep),
-            pad: pick(None, o.pad),
-            mask: pick(None, o.mask),
+            unk: pick(default.unk, o.unk),
+            sep: pick(default.sep, o.sep),
+            pad: pick(default.pad, o.pad),
+            mask: pick(default.mask, o.mask),
             fim_pre: pick(None, o.fim_pre),
             fim_suf: pick(None, o.fim_suf),
             fim_mid: pick(None, o.fim_mid),
@@ -386,51 +531,50 @@ impl Vocab {
             fim_sep: pick(None, o.fim_sep),
         };
 
+        let precompiled_charsmap = opts.precompiled_charsmap.clone().unwrap_or_default();
+        if d.kind == VocabKind::Ugm && !crate::ugm::check_charsmap(&precompiled_charsmap) {
+            return Err(TokenizerError::BadCharsMap {
+                len: precompiled_charsmap.len(),
+            });
+        }
+        // llama.cpp lower-cases by default (BERT uncased), and strips accents when it does.
+        let lowercase = opts.lowercase.unwrap_or(true);
         let mut vocab = Vocab {
-            kind,
+            kind: d.kind,
             tokens,
             scores,
             attrs,
             merges,
             special,
             eog: BTreeSet::new(),
-            add_bos: opts.add_bos.unwrap_or(add_bos),
-            add_eos: opts.add_eos.unwrap_or(false),
-            add_space_prefix: opts.add_space_prefix.unwrap_or(add_space_prefix),
-            clean_spaces,
-            ignore_merges,
+            // Gemma 4's BOS is added whatever the file says (llama.cpp's workaround).
+            add_bos: opts.add_bos.unwrap_or(d.add_bos)
+                || d.kind == VocabKind::Bpe(PreTokenizer::Gemma4),
+            add_eos: opts.add_eos.unwrap_or(d.add_eos),
+            add_space_prefix: opts.add_space_prefix.unwrap_or(d.add_space_prefix),
+            clean_spaces: d.clean_spaces,
+            ignore_merges: d.ignore_merges,
+            escape_whitespaces: d.escape_whitespaces,
+            remove_extra_whitespaces: opts.remove_extra_whitespaces.unwrap_or(false),
+            lowercase,
+            strip_accents: opts.strip_accents.unwrap_or(lowercase),
+            precompiled_charsmap,
             token_to_id,
         };
         vocab.find_special_tokens_by_text();
-        vocab.apply_name_rules(opts.model_name.as_deref());
+        vocab.apply_name_rules(opts);
         Ok(vocab)
     }
 
     /// Read the vocabulary from GGUF metadata.
     pub fn from_gguf(gguf: &ch01::Gguf) -> Result<Vocab, TokenizerError> {
-        let has = |key: &str| gguf.get(key).is_some();
-        let opt_id = |key: &str| -> Result<Option<u32>, TokenizerError> {
-            Ok(if has(key) {
-                Some(gguf.get_u32(key)?)
-            } else {
-                None
-            })
-        };
-        let opt_bool = |key: &str| -> Result<Option<bool>, TokenizerError> {
-            Ok(if has(key) {
-                Some(gguf.get_bool(key)?)
-            } else {
-                None
-            })
-        };
-        let opt_str = |key: &str| -> Result<Option<String>, TokenizerError> {
-            Ok(if has(key) {
-                Some(gguf.get_str(key)?.to_string())
-            } else {
-                None
-            })
-        };
+        Vocab::from_gguf_with(gguf, &VocabOptions::from_gguf(gguf)?)
+    }
 
+    /// Read the token arrays from GGUF metadata, with `opts` in place of what the metadata
+    /// says beyond them (to try another pre-tokenizer on a vocabulary, say).
+    pub fn from_gguf_with(gguf: &ch01::Gguf, opts: &VocabOptions) -> Result<Vocab, TokenizerError> {
+        let has = |key: &str| gguf.get(key).is_some();
         let model = gguf.get_str("tokenizer.ggml.model")?;
         // Sizes first, before copying anything whose size they set.
         let n_tokens = gguf.get_array("tokenizer.ggml.tokens")?.len();
@@ -475,38 +619,7 @@ impl Vocab {
         } else {
             Vec::new()
         };
-        // The deprecated prefix/suffix/middle keys come last and win, as in llama.cpp, unless
-        // they are out of range.
-        let fim = |new: &str, old: &str| -> Result<Option<u32>, TokenizerError> {
-            let old = opt_id(old)?.filter(|&id| (id as usize) < n_tokens);
-            Ok(old.or(opt_id(new)?))
-        };
-        let k = |name: &str| format!("tokenizer.ggml.{name}_token_id");
-        let ids = SpecialIds {
-            bos: opt_id(&k("bos"))?,
-            eos: opt_id(&k("eos"))?,
-            eot: opt_id(&k("eot"))?,
-            eom: opt_id(&k("eom"))?,
-            unk: opt_id(&k("unknown"))?,
-            sep: opt_id(&k("seperator"))?,
-            pad: opt_id(&k("padding"))?,
-            mask: opt_id(&k("mask"))?,
-            fim_pre: fim(&k("fim_pre"), &k("prefix"))?,
-            fim_suf: fim(&k("fim_suf"), &k("suffix"))?,
-            fim_mid: fim(&k("fim_mid"), &k("middle"))?,
-            fim_pad: opt_id(&k("fim_pad"))?,
-            fim_rep: opt_id(&k("fim_rep"))?,
-            fim_sep: opt_id(&k("fim_sep"))?,
-        };
-        let opts = VocabOptions {
-            pre: opt_str("tokenizer.ggml.pre")?,
-            ids,
-            add_bos: opt_bool("tokenizer.ggml.add_bos_token")?,
-            add_eos: opt_bool("tokenizer.ggml.add_eos_token")?,
-            add_space_prefix: opt_bool("tokenizer.ggml.add_space_prefix")?,
-            model_name: opt_str("general.name")?,
-        };
-        Vocab::new(model, tokens, types, scores, merges, &opts)
+        Vocab::new(model, tokens, types, scores, merges, opts)
     }
 
     /// Number of tokens.
@@ -596,36 +709,56 @@ impl Vocab {
                 self.attrs[end as usize] = TokenAttr(TokenAttr::USER_DEFINED);
             }
         }
+        // Gemma 4 and PLaMo have a normal `</s>`, which is text, not the end.
+        let marker = eog.iter().any(|&i| {
+            matches!(
+                self.tokens[i as usize].as_str(),
+                "<|tool_response>" | "<|plamo:eos|>"
+            )
+        });
+        let s_id = eog
+            .iter()
+            .copied()
+            .find(|&i| self.tokens[i as usize] == "</s>");
+        if let (true, Some(s_id)) = (marker, s_id) {
+            eog.remove(&s_id);
+            self.attrs[s_id as usize] = TokenAttr(TokenAttr::NORMAL);
+        }
         self.eog = eog;
     }
 
-    /// Per-model attributes llama.cpp sets by `general.name`: Phi-3's special tokens swallow
-    /// the whitespace after them.
-    fn apply_name_rules(&mut self, model_name: Option<&str>) {
-        let name = model_name.unwrap_or("").to_lowercase();
-        if !(name.contains("phi-3") || name.contains("phi3")) {
-            return;
-        }
-        let special = TokenAttr::CONTROL | TokenAttr::USER_DEFINED | TokenAttr::UNKNOWN;
-        for attr in &mut self.attrs {
-            if attr.has(special) {
-                attr.0 |= TokenAttr::RSTRIP;
+    /// Per-model attributes llama.cpp sets by name: the mask token of some embedding models
+    /// swallows the whitespace before it, Phi-3's special tokens the whitespace after them.
+    fn apply_name_rules(&mut self, opts: &VocabOptions) {
+        let name = opts.model_name.as_deref().unwrap_or("").to_lowercase();
+        let pre = opts.pre.as_deref().unwrap_or("");
+        let arch = opts.architecture.as_deref().unwrap_or("");
+        let any = |s: &str, parts: &[&str]| parts.iter().any(|p| s.contains(p));
+        if any(pre, &["jina-v2-de", "jina-v2-es", "jina-v2-code"])
+            || any(arch, &["nomic-bert-moe", "jina-bert-v3"])
+        {
+            self.set_attr("<mask>", TokenAttr::LSTRIP, true);
+        } else if any(&name, &["phi-3", "phi3"]) {
+            let special = TokenAttr::CONTROL | TokenAttr::USER_DEFINED | TokenAttr::UNKNOWN;
+            for attr in &mut self.attrs {
+                if attr.has(special) {
+                    attr.0 |= TokenAttr::RSTRIP;
+                }
             }
-        }
-        for (text, on) in [
-            ("</s>", true),
-            ("<unk>", false),
-            ("<s>", false),
-            ("<|endoftext|>", false),
-        ] {
-            if let Some(id) = self.text_to_token(text) {
-                let a = &mut self.attrs[id as usize].0;
-                *a = if on {
-                    *a | TokenAttr::RSTRIP
-                } else {
-                    *a & !TokenAttr::RSTRIP
-                };
+            self.set_attr("</s>", TokenAttr::RSTRIP, true);
+            for text in ["<unk>", "<s>", "<|endoftext|>"] {
+                self.set_attr(text, TokenAttr::RSTRIP, false);
             }
+        } else if name.contains("modern-bert") {
+            self.set_attr("[MASK]", TokenAttr::LSTRIP, true);
+        }
+    }
+
+    /// Set or clear attribute `bit` of the token `text`, if there is one.
+    fn set_attr(&mut self, text: &str, bit: u32, on: bool) {
+        if let Some(&id) = self.token_to_id.get(text) {
+            let a = &mut self.attrs[id as usize].0;
+            *a = if on { *a | bit } else { *a & !bit };
         }
     }
 }
@@ -723,18 +856,32 @@ mod tests {
                 .to_string()
                 .contains("token_type has 1 entries")
         );
-        let e = Vocab::new("bert", strings(&["a"]), vec![], vec![], vec![], &opts);
-        assert!(e.unwrap_err().to_string().contains("\"bert\""));
-        let no_pre = VocabOptions::default();
+        let e = Vocab::new("rwkv", strings(&["a"]), vec![], vec![], vec![], &opts);
+        assert!(e.unwrap_err().to_string().contains("\"rwkv\""));
+        let bad_pre = VocabOptions {
+            pre: Some("no-such-rule".into()),
+            ..VocabOptions::default()
+        };
         let e = Vocab::new(
             "gpt2",
             strings(&["a", "b"]),
             vec![],
             vec![],
             strings(&["a b"]),
-            &no_pre,
+            &bad_pre,
         );
-        assert!(matches!(e, Err(TokenizerError::UnsupportedPre(None))));
+        assert!(e.unwrap_err().to_string().contains("\"no-such-rule\""));
+        // No pre-tokenizer named: llama.cpp's default rule.
+        let v = Vocab::new(
+            "gpt2",
+            strings(&["a", "b"]),
+            vec![],
+            vec![],
+            strings(&["a b"]),
+            &VocabOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(v.kind, VocabKind::Bpe(PreTokenizer::Default));
     }
 
     #[test]

@@ -84,17 +84,52 @@ fn malformed_merge_names_its_index() {
 #[test]
 fn unknown_tokenizer_and_pre_tokenizer_are_named() {
     let e = error(&[
-        ("tokenizer.ggml.model", Meta::str("t5")),
+        ("tokenizer.ggml.model", Meta::str("rwkv")),
         ("tokenizer.ggml.tokens", Meta::strs(TOKENS)),
     ]);
-    assert!(e.contains("\"t5\""), "{e}");
+    assert!(e.contains("\"rwkv\""), "{e}");
     let e = error(&[
         ("tokenizer.ggml.model", Meta::str("gpt2")),
-        ("tokenizer.ggml.pre", Meta::str("deepseek-llm")),
+        ("tokenizer.ggml.pre", Meta::str("no-such-rule")),
         ("tokenizer.ggml.tokens", Meta::strs(TOKENS)),
         ("tokenizer.ggml.merges", Meta::strs(&["a b"])),
     ]);
-    assert!(e.contains("\"deepseek-llm\""), "{e}");
+    assert!(e.contains("\"no-such-rule\""), "{e}");
+}
+
+#[test]
+fn a_missing_pre_tokenizer_is_llama_cpp_default_rule() {
+    let kvs = [
+        ("tokenizer.ggml.model", Meta::str("gpt2")),
+        ("tokenizer.ggml.tokens", Meta::strs(TOKENS)),
+        ("tokenizer.ggml.merges", Meta::strs(&["a b"])),
+    ];
+    let tok = Tokenizer::from_gguf(&Gguf::parse(&gguf_bytes(&kvs)).unwrap()).unwrap();
+    assert_eq!(tok.pre_tokenizer(), Some(ch02::PreTokenizer::Default));
+}
+
+#[test]
+fn a_character_map_too_short_for_its_header_is_named() {
+    let mut blob = 64u32.to_le_bytes().to_vec();
+    blob.extend([0; 8]);
+    let e = error(&[
+        ("tokenizer.ggml.model", Meta::str("t5")),
+        ("tokenizer.ggml.tokens", Meta::strs(TOKENS)),
+        ("tokenizer.ggml.precompiled_charsmap", Meta::U8s(blob)),
+    ]);
+    assert!(
+        e.contains("tokenizer.ggml.precompiled_charsmap has 12 bytes"),
+        "{e}"
+    );
+    let e = error(&[
+        ("tokenizer.ggml.model", Meta::str("t5")),
+        ("tokenizer.ggml.tokens", Meta::strs(TOKENS)),
+        (
+            "tokenizer.ggml.precompiled_charsmap",
+            Meta::str("not bytes"),
+        ),
+    ]);
+    assert!(e.contains("tokenizer.ggml.precompiled_charsmap"), "{e}");
 }
 
 #[test]

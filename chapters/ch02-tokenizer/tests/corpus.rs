@@ -1,12 +1,12 @@
 //! `reference-data/tokenizer/corpus.json`: llama.cpp's tokenization of hard strings (runs of
 //! whitespace, digits, contractions in both cases, code, accents, CJK, RTL scripts, emoji with
-//! joiners, special-token texts) for the default model and the three test vocabularies, with
-//! special parsing on and off and BOS/EOS on and off, and llama.cpp's pieces and
+//! joiners, special-token texts) for the default model, Gemma 3 and every vocabulary test
+//! file, with special parsing on and off and BOS/EOS on and off, and llama.cpp's pieces and
 //! detokenization of the resulting ids.
 
 mod common;
 
-use ch02::RegexSplitter;
+use ch02::{RegexSplitter, VocabKind};
 use common::{show, unhex};
 use serde_json::Value;
 
@@ -57,6 +57,18 @@ fn check_vocab(name: &str) {
         tok.vocab_size() as u64,
         meta["n_tokens"].as_u64().unwrap(),
         "{name}: n_tokens"
+    );
+    // llama.cpp's `llama_vocab_type`.
+    let vocab_type = match tok.vocab().kind {
+        VocabKind::Spm => 1,
+        VocabKind::Bpe(_) => 2,
+        VocabKind::Wpm => 3,
+        VocabKind::Ugm => 4,
+    };
+    assert_eq!(
+        Some(vocab_type),
+        meta["vocab_type"].as_u64(),
+        "{name}: vocab_type"
     );
     assert_eq!(
         tok.bos().map(u64::from),
@@ -135,36 +147,69 @@ fn check_vocab(name: &str) {
     );
 }
 
-#[test]
-fn default_model_matches_llama_cpp() {
-    check_vocab("default");
+/// One test per vocabulary of the corpus.
+macro_rules! corpus_tests {
+    ($($test:ident: $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                check_vocab($name);
+            }
+        )*
+
+        /// Every vocabulary of the corpus has its test above.
+        #[test]
+        fn every_vocabulary_is_checked() {
+            let corpus = corpus();
+            let mut in_corpus: Vec<&str> = corpus["vocabs"]
+                .as_object()
+                .expect("vocabs is an object")
+                .keys()
+                .map(String::as_str)
+                .collect();
+            in_corpus.sort();
+            let mut tested = vec![$($name),*];
+            tested.sort();
+            assert_eq!(in_corpus, tested);
+        }
+    };
 }
 
-#[test]
-fn llama_spm_matches_llama_cpp() {
-    check_vocab("llama-spm");
+corpus_tests! {
+    default_model_matches_llama_cpp: "default",
+    gemma3_matches_llama_cpp: "gemma-3",
+    llama_spm_matches_llama_cpp: "llama-spm",
+    llama_bpe_matches_llama_cpp: "llama-bpe",
+    gpt2_matches_llama_cpp: "gpt-2",
+    aquila_matches_llama_cpp: "aquila",
+    baichuan_matches_llama_cpp: "baichuan",
+    bert_bge_matches_llama_cpp: "bert-bge",
+    deepseek_coder_matches_llama_cpp: "deepseek-coder",
+    deepseek_llm_matches_llama_cpp: "deepseek-llm",
+    falcon_matches_llama_cpp: "falcon",
+    gemma4_matches_llama_cpp: "gemma-4",
+    gpt_neox_matches_llama_cpp: "gpt-neox",
+    mpt_matches_llama_cpp: "mpt",
+    nomic_bert_moe_matches_llama_cpp: "nomic-bert-moe",
+    phi3_matches_llama_cpp: "phi-3",
+    qwen2_matches_llama_cpp: "qwen2",
+    qwen35_matches_llama_cpp: "qwen35",
+    refact_matches_llama_cpp: "refact",
+    starcoder_matches_llama_cpp: "starcoder",
 }
 
-#[test]
-fn llama_bpe_matches_llama_cpp() {
-    check_vocab("llama-bpe");
-}
-
-#[test]
-fn gpt2_matches_llama_cpp() {
-    check_vocab("gpt-2");
-}
-
-/// The regex splitter must give the same tokens as the hand-written one on the corpus (it
-/// differs only on characters whose Unicode class changed after 15.1, of which there are
-/// none here).
+/// The regex splitter, which runs llama.cpp's regexes where llama.cpp has hand-written
+/// scanners, must give the same tokens on the corpus, for every BPE vocabulary.
 #[test]
 fn regex_splitter_matches_llama_cpp() {
     let corpus = corpus();
     let mut failures = Vec::new();
-    for name in ["default", "llama-bpe", "gpt-2"] {
+    for name in common::VOCABS {
         let tok = common::tokenizer(name);
-        let re = RegexSplitter::new(tok.pre_tokenizer().expect("a BPE vocabulary"));
+        let Some(pre) = tok.pre_tokenizer() else {
+            continue;
+        };
+        let re = RegexSplitter::new(pre);
         for (text, add, parse, case) in cases(&corpus, name) {
             if tok.encode_with(&re, &text, add, parse) != ids(&case) {
                 failures.push(format!(
@@ -202,5 +247,5 @@ fn round_trip_where_llama_cpp_round_trips() {
             round_trips += usize::from(ours);
         }
     }
-    assert!(round_trips > 300, "only {round_trips} round trips");
+    assert!(round_trips > 1500, "only {round_trips} round trips");
 }

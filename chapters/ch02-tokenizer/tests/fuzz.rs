@@ -1,6 +1,7 @@
 //! Generated hostile input. Vocabularies from arbitrary metadata that still parses as GGUF
 //! (empty, duplicate, non-UTF-8 and very long tokens, token types and scores of any value
-//! and length, merges of tokens that do not exist, special ids anywhere), and chat templates
+//! and length, merges of tokens that do not exist, special ids anywhere, Unigram character
+//! maps whose trie points anywhere, every kind of tokenizer and pre-tokenizer), and chat templates
 //! glued from fragments of Jinja. Building, encoding, decoding and rendering give a value or
 //! an error, never a panic. Vocabularies built like trained ones, with every byte a token and
 //! every merge result a token, give back any text they encode.
@@ -37,7 +38,8 @@ const SPECIAL_TEXTS: &[&str] = &[
     "<unused0>",
 ];
 
-/// `tokenizer.ggml.pre` values: implemented ones and a few that are not.
+/// `tokenizer.ggml.pre` values: rules of every kind (scanners, regexes, SentencePiece-style)
+/// and a few that do not exist.
 const PRES: &[&str] = &[
     "gpt-2",
     "smollm",
@@ -45,11 +47,48 @@ const PRES: &[&str] = &[
     "llama3",
     "dbrx",
     "qwen2",
+    "qwen35",
     "stablelm2",
     "command-r",
     "deepseek-llm",
+    "deepseek-v3",
+    "falcon",
+    "gpt-4o",
+    "tekken",
+    "kimi-k2",
+    "afmoe",
+    "tiny_aya",
+    "chameleon",
+    "poro-chat",
+    "superbpe",
+    "jais-2",
+    "exaone-moe",
+    "gemma4",
+    "sarvam-moe",
+    "whitespace",
     "",
+    "no-such-rule",
 ];
+
+/// A SentencePiece character map: its header (the trie's size, sometimes wrong), trie nodes
+/// (random: any index may point anywhere) and replacement strings (NUL-terminated or not).
+fn charsmap() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => (
+            prop::collection::vec(any::<u32>(), 0..48),
+            prop::collection::vec(prop_oneof![Just(0u8), any::<u8>()], 0..24),
+            prop::option::of(any::<u32>()),
+        )
+            .prop_map(|(nodes, strings, size)| {
+                let size = size.unwrap_or(nodes.len() as u32 * 4);
+                let mut blob = size.to_le_bytes().to_vec();
+                blob.extend(nodes.iter().flat_map(|n| n.to_le_bytes()));
+                blob.extend(strings);
+                blob
+            }),
+        1 => prop::collection::vec(any::<u8>(), 0..12),
+    ]
+}
 
 /// The `tokenizer.ggml.*_token_id` keys, with the deprecated fill-in-the-middle ones.
 const ID_KEYS: &[&str] = &[
@@ -159,6 +198,9 @@ fn metadata() -> impl Strategy<Value = Vec<(String, Meta)>> {
             let model = prop_oneof![
                 4 => Just("gpt2".to_string()),
                 4 => Just("llama".to_string()),
+                2 => Just("t5".to_string()),
+                2 => Just("bert".to_string()),
+                1 => Just("gemma4".to_string()),
                 1 => "[a-z0-9]{0,6}",
             ];
             let pre = prop::option::weighted(0.9, select(PRES));
@@ -168,7 +210,8 @@ fn metadata() -> impl Strategy<Value = Vec<(String, Meta)>> {
                 prop::option::weighted(0.9, prop::collection::vec(merge(tokens.clone()), 1..12));
             let ids =
                 prop::collection::vec(prop::option::weighted(0.3, id_value(n)), ID_KEYS.len());
-            let flags = (flag(), flag(), flag());
+            let flags = (flag(), flag(), flag(), flag(), flag());
+            let charsmap = prop::option::weighted(0.5, charsmap());
             let name = prop::option::weighted(0.2, select(&["Phi-3-mini", "other"][..]));
             let template = prop::bool::weighted(0.2);
             // Take one key out, or spoil its value.
@@ -182,12 +225,23 @@ fn metadata() -> impl Strategy<Value = Vec<(String, Meta)>> {
                 merges,
                 ids,
                 flags,
-                (name, template),
+                (name, template, charsmap),
                 damage,
             )
         })
         .prop_map(
-            |(tokens, model, pre, types, scores, merges, ids, flags, (name, template), damage)| {
+            |(
+                tokens,
+                model,
+                pre,
+                types,
+                scores,
+                merges,
+                ids,
+                flags,
+                (name, template, charsmap),
+                damage,
+            )| {
                 let mut kvs = vec![
                     ("tokenizer.ggml.model".to_string(), Meta::str(&model)),
                     ("tokenizer.ggml.tokens".to_string(), Meta::Strs(tokens)),
@@ -207,6 +261,12 @@ fn metadata() -> impl Strategy<Value = Vec<(String, Meta)>> {
                 add("tokenizer.ggml.add_bos_token", flags.0);
                 add("tokenizer.ggml.add_eos_token", flags.1);
                 add("tokenizer.ggml.add_space_prefix", flags.2);
+                add("tokenizer.ggml.remove_extra_whitespaces", flags.3);
+                add("tokenizer.ggml.normalizer.lowercase", flags.4);
+                add(
+                    "tokenizer.ggml.precompiled_charsmap",
+                    charsmap.map(Meta::U8s),
+                );
                 add("general.name", name.map(Meta::str));
                 add(
                     "tokenizer.chat_template",

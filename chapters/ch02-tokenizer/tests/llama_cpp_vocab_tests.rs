@@ -1,7 +1,9 @@
 //! llama.cpp's own tokenizer tests (`tests/test-tokenizer-0.cpp`): for each vocabulary-only
 //! model, a `.inp` file of strings separated by `\n__ggml_vocab_test__\n` and a `.out` file
 //! with the expected ids of each string on one line (encoded without BOS/EOS, without
-//! special-token parsing).
+//! special-token parsing). For the four vocabularies llama.cpp ships without tests (aquila,
+//! baichuan, gpt-neox, nomic-bert-moe) the export wrote llama-spm's strings with llama.cpp's
+//! ids.
 
 mod common;
 
@@ -16,7 +18,8 @@ fn check(name: &str) {
         String::from_utf8(bytes).unwrap_or_else(|e| panic!("{rel} is not UTF-8: {e}"))
     };
     let (inp, out) = (read("inp"), read("out"));
-    // As test-tokenizer-0.cpp splits: the file ends with a separator, not an empty test.
+    // As test-tokenizer-0.cpp splits: the file ends with a separator (or, in Gemma 4's, not),
+    // not an empty test.
     let mut inputs = Vec::new();
     let mut rest = inp.as_str();
     while !rest.is_empty() {
@@ -74,17 +77,52 @@ fn check(name: &str) {
     );
 }
 
-#[test]
-fn llama_spm_matches_llama_cpp_test_file() {
-    check("llama-spm");
+/// One test per vocabulary file.
+macro_rules! vocab_tests {
+    ($($test:ident: $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                check($name);
+            }
+        )*
+
+        /// Every test file in `reference-data/tokenizer/` has its test above.
+        #[test]
+        fn every_test_file_is_checked() {
+            let dir = shared::refdata::path("tokenizer").unwrap_or_else(|e| panic!("{e}"));
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .filter_map(|e| {
+                    let name = e.ok()?.file_name().into_string().ok()?;
+                    Some(name.strip_prefix("ggml-vocab-")?.strip_suffix(".gguf.inp")?.to_string())
+                })
+                .collect();
+            files.sort();
+            let mut tested = vec![$($name.to_string()),*];
+            tested.sort();
+            assert_eq!(files, tested);
+        }
+    };
 }
 
-#[test]
-fn llama_bpe_matches_llama_cpp_test_file() {
-    check("llama-bpe");
-}
-
-#[test]
-fn gpt2_matches_llama_cpp_test_file() {
-    check("gpt-2");
+vocab_tests! {
+    llama_spm_matches_llama_cpp_test_file: "llama-spm",
+    llama_bpe_matches_llama_cpp_test_file: "llama-bpe",
+    gpt2_matches_llama_cpp_test_file: "gpt-2",
+    aquila_matches_llama_cpp: "aquila",
+    baichuan_matches_llama_cpp: "baichuan",
+    bert_bge_matches_llama_cpp_test_file: "bert-bge",
+    deepseek_coder_matches_llama_cpp_test_file: "deepseek-coder",
+    deepseek_llm_matches_llama_cpp_test_file: "deepseek-llm",
+    falcon_matches_llama_cpp_test_file: "falcon",
+    gemma4_matches_llama_cpp_test_file: "gemma-4",
+    gpt_neox_matches_llama_cpp: "gpt-neox",
+    mpt_matches_llama_cpp_test_file: "mpt",
+    nomic_bert_moe_matches_llama_cpp: "nomic-bert-moe",
+    phi3_matches_llama_cpp_test_file: "phi-3",
+    qwen2_matches_llama_cpp_test_file: "qwen2",
+    qwen35_matches_llama_cpp_test_file: "qwen35",
+    refact_matches_llama_cpp_test_file: "refact",
+    starcoder_matches_llama_cpp_test_file: "starcoder",
 }

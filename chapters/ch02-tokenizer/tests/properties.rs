@@ -1,12 +1,28 @@
-//! Properties over generated inputs: no input makes the tokenizer panic; the hand-written
-//! splitters cut text into pieces that put back together give the text; streaming
-//! detokenization equals one-shot detokenization for any id sequence.
+//! Properties over generated inputs: no input makes the tokenizer panic; every pre-tokenizer
+//! cuts text into pieces that put back together give the text, the same with its scanners as
+//! with regexes; streaming detokenization equals one-shot detokenization for any id sequence.
 
 mod common;
 
+use ch02::pretokenize::PRE_NAMES;
 use ch02::unicode::byte_to_char;
-use ch02::{PreTokenizer, StreamDecoder, Tokenizer};
+use ch02::{RegexSplitter, Splitter, StreamDecoder, Tokenizer};
 use proptest::prelude::*;
+use std::sync::LazyLock;
+
+/// Every pre-tokenizer rule, both ways, built once.
+static SPLITTERS: LazyLock<Vec<(Splitter, RegexSplitter)>> = LazyLock::new(|| {
+    let mut rules = Vec::new();
+    for row in PRE_NAMES {
+        if !rules.contains(&row.pre) {
+            rules.push(row.pre);
+        }
+    }
+    rules
+        .into_iter()
+        .map(|pre| (Splitter::new(pre), RegexSplitter::new(pre)))
+        .collect()
+});
 
 /// Text that stresses the splitters and merges: any Unicode, plus pieces that trigger their
 /// rules (contractions, digit runs, whitespace runs, special-token texts).
@@ -21,6 +37,9 @@ fn text() -> impl Strategy<Value = String> {
         Just("12345".to_string()),
         Just("<|im_start|>".to_string()),
         Just("<s>".to_string()),
+        Just("e\u{301}".to_string()),
+        Just("漢字".to_string()),
+        Just("ＡＢ".to_string()),
         "[a-zA-Z]{1,8}",
         "[ .,!?']{1,3}",
     ];
@@ -80,12 +99,16 @@ proptest! {
         prop_assert_eq!(tok.decode(&tok.encode(&s, false, false)), String::from_utf8_lossy(&kept));
     }
 
+    /// Every rule's pieces put back together give the text, and where llama.cpp has a
+    /// scanner the scanner cuts where the regex does.
     #[test]
     fn pre_tokenizer_pieces_tile_the_text(s in text()) {
-        for pre in [PreTokenizer::Gpt2, PreTokenizer::Smollm, PreTokenizer::Llama3, PreTokenizer::Qwen2] {
-            let pieces = pre.pieces(&s);
+        for (splitter, regex) in SPLITTERS.iter() {
+            let pre = splitter.pre_tokenizer();
+            let pieces = splitter.pieces(&s);
             prop_assert!(pieces.iter().all(|p| !p.is_empty()), "{:?}: empty piece in {:?}", pre, pieces);
             prop_assert_eq!(pieces.concat(), s.clone());
+            prop_assert_eq!(&pieces, &regex.pieces(&s), "{:?}: scanner and regex differ", pre);
         }
     }
 
@@ -98,6 +121,24 @@ proptest! {
     #[test]
     fn streaming_equals_one_shot_llama_spm(ids in ids(common::tokenizer("llama-spm"))) {
         let tok = common::tokenizer("llama-spm");
+        prop_assert_eq!(stream(tok, &ids), one_shot(tok, &ids));
+    }
+
+    #[test]
+    fn streaming_equals_one_shot_wordpiece(ids in ids(common::tokenizer("bert-bge"))) {
+        let tok = common::tokenizer("bert-bge");
+        prop_assert_eq!(stream(tok, &ids), one_shot(tok, &ids));
+    }
+
+    #[test]
+    fn streaming_equals_one_shot_unigram(ids in ids(common::tokenizer("nomic-bert-moe"))) {
+        let tok = common::tokenizer("nomic-bert-moe");
+        prop_assert_eq!(stream(tok, &ids), one_shot(tok, &ids));
+    }
+
+    #[test]
+    fn streaming_equals_one_shot_gemma4(ids in ids(common::tokenizer("gemma-4"))) {
+        let tok = common::tokenizer("gemma-4");
         prop_assert_eq!(stream(tok, &ids), one_shot(tok, &ids));
     }
 

@@ -6,24 +6,47 @@ use ch02::Tokenizer;
 use ch02::ch01::GgufFile;
 use std::sync::OnceLock;
 
-/// The vocabularies of `reference-data/tokenizer/corpus.json`, by its names for them.
-pub const VOCABS: [&str; 4] = ["default", "llama-spm", "llama-bpe", "gpt-2"];
+/// The vocabularies of `reference-data/tokenizer/corpus.json`, by its names for them: the
+/// default model's, Gemma 3's, and llama.cpp's vocabulary-only test files.
+pub const VOCABS: [&str; 20] = [
+    "default",
+    "gemma-3",
+    "llama-spm",
+    "llama-bpe",
+    "gpt-2",
+    "aquila",
+    "baichuan",
+    "bert-bge",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gemma-4",
+    "gpt-neox",
+    "mpt",
+    "nomic-bert-moe",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+];
 
-/// The GGUF file behind a vocabulary name: the default model, or one of llama.cpp's
-/// vocabulary-only test files copied into `reference-data/tokenizer/`.
+/// The GGUF file behind a vocabulary name: the default model, Gemma 3 (both fetched into the
+/// cache on first use), or one of llama.cpp's vocabulary-only test files copied into
+/// `reference-data/tokenizer/`.
 pub fn gguf(name: &str) -> GgufFile {
-    let path = if name == "default" {
-        shared::default_model_path().unwrap_or_else(|e| panic!("{e}"))
-    } else {
-        shared::refdata::path(&format!("tokenizer/ggml-vocab-{name}.gguf"))
-            .unwrap_or_else(|e| panic!("{e}"))
+    let path = match name {
+        "default" => shared::default_model_path().unwrap_or_else(|e| panic!("{e}")),
+        "gemma-3" => shared::ensure_cached(&shared::GEMMA3_MODEL).unwrap_or_else(|e| panic!("{e}")),
+        _ => shared::refdata::path(&format!("tokenizer/ggml-vocab-{name}.gguf"))
+            .unwrap_or_else(|e| panic!("{e}")),
     };
     GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The tokenizer of a vocabulary, built once per test binary.
 pub fn tokenizer(name: &str) -> &'static Tokenizer {
-    static CACHE: [OnceLock<Tokenizer>; 4] = [const { OnceLock::new() }; 4];
+    static CACHE: [OnceLock<Tokenizer>; VOCABS.len()] = [const { OnceLock::new() }; VOCABS.len()];
     let i = VOCABS
         .iter()
         .position(|&v| v == name)
@@ -58,6 +81,7 @@ pub enum Meta {
     Strs(Vec<Vec<u8>>),
     F32s(Vec<f32>),
     I32s(Vec<i32>),
+    U8s(Vec<u8>),
 }
 
 impl Meta {
@@ -73,6 +97,7 @@ impl Meta {
 /// A GGUF file (version 3) of metadata only, no tensors.
 pub fn gguf_bytes(kvs: &[(&str, Meta)]) -> Vec<u8> {
     // GGUF value type ids.
+    const U8: u32 = 0;
     const U32: u32 = 4;
     const I32: u32 = 5;
     const F32: u32 = 6;
@@ -112,6 +137,10 @@ pub fn gguf_bytes(kvs: &[(&str, Meta)]) -> Vec<u8> {
                 for s in items {
                     string(&mut out, s);
                 }
+            }
+            Meta::U8s(items) => {
+                array_header(&mut out, U8, items.len());
+                out.extend(items);
             }
             Meta::F32s(items) => {
                 array_header(&mut out, F32, items.len());
