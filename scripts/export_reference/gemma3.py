@@ -21,7 +21,8 @@ import numpy as np
 from . import engine as E
 from .common import log, write_json, write_safetensors
 from .f32_model import write_f32_copy
-from .prompts import Prompt, topk
+from . import prompts as P
+from .prompts import Prompt
 
 # Layers whose every intermediate tensor is stored: the first, the first global one (5), and
 # the last; `l_out-L` for all.
@@ -43,7 +44,6 @@ LAYER_TENSORS = {
 }
 GLOBAL_TENSORS = {"inp_scaled": "SCALE", "result_norm": "MUL", "result_output": "MUL_MAT"}
 LAST_ROWS = 4
-TOP_K = 32
 N_GENERATE = 48
 N_FULL_STEPS = 1
 
@@ -66,93 +66,11 @@ PROMPTS = [
 ]
 
 
-def wanted_names(n_layer: int) -> dict[str, str]:
-    names = {}
-    for il in range(n_layer):
-        for base, op in LAYER_TENSORS.items():
-            if il in FULL_LAYERS or base == "l_out":
-                names[f"{base}-{il}"] = op
-    names.update(GLOBAL_TENSORS)
-    return names
-
-
-def _layout(name: str, c: E.Captured, n_tokens: int) -> np.ndarray:
-    """ggml order -> numpy order, token dimension outermost."""
-    base = name.rsplit("-", 1)[0] if name[-1].isdigit() else name
-    a = c.data[0]  # (ne2, ne1, ne0)
-    if base in ("Qcur_normed", "Kcur_normed", "Qcur", "Kcur", "Vcur"):
-        if c.ne[2] != n_tokens:
-            raise RuntimeError(f"{name}: ne {c.ne}, expected {n_tokens} tokens in ne[2]")
-        return a  # (n_tokens, n_head, head_dim)
-    if c.ne[2] != 1:
-        raise RuntimeError(f"{name}: unexpected ne {c.ne}")
-    return a[0]  # (rows, width)
-
-
 def capture(model: E.Model, settings: E.ContextSettings, ids: list[int], n_layer: int):
-    wanted = wanted_names(n_layer)
-    cap = E.Capture(wanted=set(wanted))
-    ctx = E.Context(model, settings, cap)
-    try:
-        cap.enabled = True
-        logits = ctx.decode(ids, all_logits=False)
-        cap.enabled = False
-        if cap.error:
-            raise cap.error
-        out = {}
-        for name, op in wanted.items():
-            keep = [c for c in cap.tensors.get(name, []) if c.op == op]
-            if len(keep) != 1:
-                raise RuntimeError(
-                    f"{name}: {len(keep)} occurrences with op {op}; saw {cap.seen_ops.get(name)}"
-                )
-            a = _layout(name, keep[0], len(ids))
-            # The graph keeps only the rows whose logits are wanted (the last) after the last
-            # layer's attention: result_* and the last layer's later tensors have one row.
-            out[name] = np.ascontiguousarray(a[-LAST_ROWS:])
-        if not np.array_equal(out["result_output"][-1], logits[-1]):
-            raise RuntimeError("result_output seen by the callback differs from the logits")
-        return out
-    finally:
-        ctx.close()
-
-
-def generate(model: E.Model, settings: E.ContextSettings, ids: list[int]) -> dict:
-    """Greedy continuation (llama.cpp's greedy sampler), logits of the last position only."""
-    ctx = E.Context(model, settings)
-    smpl = E.greedy_sampler()
-    try:
-        step_logits = [ctx.decode(ids, all_logits=False)[-1]]
-        out_ids: list[int] = []
-        ties = []
-        stopped = "length"
-        while True:
-            tok = E.sample(smpl, ctx, 0 if out_ids else len(ids) - 1)
-            lg = step_logits[-1]
-            if tok != int(np.argmax(lg)):
-                raise RuntimeError(f"greedy sampler chose {tok}, argmax is {int(np.argmax(lg))}")
-            if np.count_nonzero(lg == lg[tok]) > 1:
-                ties.append(len(out_ids))
-            out_ids.append(tok)
-            if E.L.llama_vocab_is_eog(model.vocab, tok):
-                stopped = "eog"
-                break
-            if len(out_ids) == N_GENERATE:
-                break
-            step_logits.append(ctx.decode([tok], all_logits=False)[-1])
-        tk = [topk(lg, TOP_K) for lg in step_logits]
-        return {
-            "ids": out_ids,
-            "text": model.detokenize(out_ids, remove_special=False, unparse_special=True),
-            "stopped": stopped,
-            "ties": ties,
-            "logits_full": np.stack(step_logits[:N_FULL_STEPS]).astype(np.float32),
-            "topk_ids": np.stack([t[0] for t in tk]),
-            "topk_logits": np.stack([t[1] for t in tk]),
-        }
-    finally:
-        E.free_sampler(smpl)
-        ctx.close()
+    """The stored tensors of one prompt (last position's logits only), their last rows."""
+    wanted = P.wanted_names(n_layer, LAYER_TENSORS, FULL_LAYERS, GLOBAL_TENSORS)
+    out, _, _, _ = P.capture_prompt(model, settings, ids, n_layer, wanted, all_logits=False)
+    return {name: np.ascontiguousarray(a[-LAST_ROWS:]) for name, a in out.items()}
 
 
 def export_gemma3(model_path: Path, cache: Path, out_dir: Path, settings: E.ContextSettings) -> dict:
@@ -180,7 +98,7 @@ def export_gemma3(model_path: Path, cache: Path, out_dir: Path, settings: E.Cont
         for r, p in zip(records, PROMPTS):
             ids = r["ids"]
             log(f"gemma3 prompt {p.id}: greedy on {model_path.name}")
-            gen = generate(q, settings, ids)
+            gen = P.generate(q, settings, ids, N_GENERATE, N_FULL_STEPS, prompt_logits=False)
             write_safetensors(
                 out_dir / f"gemma3/{p.id}.quant.safetensors",
                 {
@@ -191,7 +109,7 @@ def export_gemma3(model_path: Path, cache: Path, out_dir: Path, settings: E.Cont
                 {"prompt": p.id},
             )
             r["generated"] = gen["ids"]
-            r["generated_text_hex"] = gen["text"].hex()
+            r["generated_text_hex"] = gen["text_bytes"].hex()
             r["stopped"] = gen["stopped"]
             r["exact_ties"] = gen["ties"]
     finally:
@@ -202,7 +120,7 @@ def export_gemma3(model_path: Path, cache: Path, out_dir: Path, settings: E.Cont
         "n_layer": n_layer,
         "layers_in_full": list(FULL_LAYERS),
         "last_rows": LAST_ROWS,
-        "top_k": TOP_K,
+        "top_k": P.TOP_K,
         "prompts": records,
     }
     write_json(out_dir / "gemma3/prompts.json", section)

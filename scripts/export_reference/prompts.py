@@ -72,14 +72,20 @@ PROMPTS = [
 ]
 
 
-def wanted_names(n_layer: int) -> dict[str, str]:
-    """Graph name -> op of the occurrence to keep."""
+def wanted_names(
+    n_layer: int,
+    layer_tensors: dict[str, str] = LAYER_TENSORS,
+    full_layers: tuple[int, ...] = FULL_LAYERS,
+    global_tensors: dict[str, str] = GLOBAL_TENSORS,
+) -> dict[str, str]:
+    """Graph name -> op of the occurrence to keep: every tensor of `full_layers`, `l_out` of
+    every layer, and the global ones. Defaults: the default model's (llama's graph)."""
     names = {}
     for il in range(n_layer):
-        for base, op in LAYER_TENSORS.items():
-            if il in FULL_LAYERS or base == "l_out":
+        for base, op in layer_tensors.items():
+            if il in full_layers or base == "l_out":
                 names[f"{base}-{il}"] = op
-    names.update(GLOBAL_TENSORS)
+    names.update(global_tensors)
     return names
 
 
@@ -90,7 +96,7 @@ def _numpy_layout(name: str, c: E.Captured, n_tokens: int) -> np.ndarray:
     if c.ne[3] != 1:
         raise RuntimeError(f"{name}: unexpected ne {c.ne}")
     a = a[0]
-    if base in ("Qcur", "Kcur", "Vcur"):
+    if base in ("Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed"):
         # ne = (head_dim, n_head, n_tokens) -> (n_tokens, n_head, head_dim)
         if c.ne[2] != n_tokens:
             raise RuntimeError(f"{name}: ne {c.ne}, expected {n_tokens} tokens in ne[2]")
@@ -115,14 +121,24 @@ def _numpy_layout(name: str, c: E.Captured, n_tokens: int) -> np.ndarray:
     return a[0]
 
 
-def capture_prompt(model: E.Model, settings: E.ContextSettings, ids: list[int], n_layer: int):
-    """Run the prompt as one batch with the eval callback; return tensors and occurrence notes."""
-    wanted = wanted_names(n_layer)
+def capture_prompt(
+    model: E.Model,
+    settings: E.ContextSettings,
+    ids: list[int],
+    n_layer: int,
+    wanted: dict[str, str] | None = None,
+    all_logits: bool = True,
+):
+    """Run the prompt as one batch with the eval callback; return tensors and occurrence notes.
+    `wanted` defaults to `wanted_names(n_layer)`; without `all_logits` only the last position's
+    logits are computed, and llama.cpp's graph drops the other rows after the last layer's
+    attention."""
+    wanted = wanted or wanted_names(n_layer)
     cap = E.Capture(wanted=set(wanted))
     ctx = E.Context(model, settings, cap)
     try:
         cap.enabled = True
-        logits = ctx.decode(ids, all_logits=True)
+        logits = ctx.decode(ids, all_logits=all_logits)
         cap.enabled = False
         if cap.error:
             raise cap.error
@@ -137,7 +153,9 @@ def capture_prompt(model: E.Model, settings: E.ContextSettings, ids: list[int], 
                 )
             if name.startswith("kq_soft_max"):
                 n_kv = keep[0].ne[0]
-            out[name] = _numpy_layout(name, keep[0], len(ids))
+            # Without all_logits, tensors after the last layer's attention hold one row.
+            full = len(ids) in (keep[0].ne[1], keep[0].ne[2])
+            out[name] = _numpy_layout(name, keep[0], len(ids) if all_logits or full else 1)
         ro = out["result_output"]
         if not np.array_equal(ro, logits):
             raise RuntimeError(
@@ -167,12 +185,21 @@ def topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return idx.astype(np.int32), logits[idx].astype(np.float32)
 
 
-def generate(model: E.Model, settings: E.ContextSettings, ids: list[int], n: int, full_steps: int):
-    """Greedy continuation with llama.cpp's greedy sampler; logits of every step."""
+def generate(
+    model: E.Model,
+    settings: E.ContextSettings,
+    ids: list[int],
+    n: int,
+    full_steps: int,
+    prompt_logits: bool = True,
+):
+    """Greedy continuation with llama.cpp's greedy sampler; logits of every step, and of every
+    prompt position unless `prompt_logits` is false (then the last one only: a 262k
+    vocabulary makes the others gigabytes for a long prompt)."""
     ctx = E.Context(model, settings)
     smpl = E.greedy_sampler()
     try:
-        logits = ctx.decode(ids, all_logits=True)
+        logits = ctx.decode(ids, all_logits=prompt_logits)
         first_logits = logits.copy()
         step_logits = [logits[-1]]
         idx = len(ids) - 1

@@ -16,7 +16,7 @@
 use crate::compute::Scratch;
 use crate::model::{Batch, Model};
 use ch03::matrix::{LoadError, MatrixLoader};
-use ch03::{Config, GgufFile, KvDyn, Observer};
+use ch03::{Attention, Config, GgufFile, KvDyn, Observer};
 use std::sync::RwLock;
 
 // ANCHOR: family
@@ -35,7 +35,14 @@ pub trait Family: Send + Sync {
     );
 
     /// Rebuild what depends on the run's context of `n_ctx` positions (RoPE tables).
-    fn set_context(&mut self, config: &Config, n_ctx: usize) -> Result<(), LoadError>;
+    /// `attention` is the model's, just rebuilt by chapter 3's `Attention::new` for `n_ctx`:
+    /// the family adjusts it if its layers use it differently.
+    fn set_context(
+        &mut self,
+        config: &Config,
+        n_ctx: usize,
+        attention: &mut Attention,
+    ) -> Result<(), LoadError>;
 
     /// Change the logits `(n_out, vocab)` after the output projection (Gemma's soft cap);
     /// nothing by default.

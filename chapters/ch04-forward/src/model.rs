@@ -362,7 +362,7 @@ impl Model {
             self.attention = Attention::new(&self.config, n_ctx)
                 .expect("the configuration was accepted when the model loaded");
             if let Some(f) = &mut self.family {
-                f.set_context(&self.config, n_ctx)
+                f.set_context(&self.config, n_ctx, &mut self.attention)
                     .expect("the configuration was accepted when the model loaded");
             }
         }

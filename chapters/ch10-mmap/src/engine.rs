@@ -11,7 +11,7 @@ use ch08::{
     PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink, StopReason,
     Tokenizer, new_pool,
 };
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -201,16 +201,7 @@ fn build<O: AsRef<[u8]> + Send + Sync + 'static>(
 /// (Gemma 3's GGUF files carry none; llama.cpp falls back to a built-in one the same way).
 fn family_template(gguf: &Gguf) -> Option<ChatTemplate> {
     let source = ch08::family::lookup(gguf.architecture().ok()?)?.chat_template?;
-    let tokens = gguf.get_str_array("tokenizer.ggml.tokens").ok()?;
-    let text = |key: &str| {
-        let id = gguf.get_u32(key).ok()?;
-        tokens.get(id as usize).map(|t| t.to_string())
-    };
-    let (bos, eos) = (
-        text("tokenizer.ggml.bos_token_id").unwrap_or_default(),
-        text("tokenizer.ggml.eos_token_id").unwrap_or_default(),
-    );
-    ChatTemplate::new(source, &bos, &eos).ok()
+    ChatTemplate::with_tokens_of(gguf, source).ok()
 }
 
 fn in_file(path: &Path, e: impl std::fmt::Display) -> Box<dyn Error> {
@@ -402,3 +393,21 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     .map_err(|e| engine.explain(e))
 }
 // ANCHOR_END: run
+
+/// The binary's `main`: parse the flags, check them, run, and exit with an error message on
+/// failure. Chapter 13's binary calls it after registering its model families.
+pub fn main() {
+    let args = EngineArgs::parse();
+    if let Err(e) = cli::check(&args.generation) {
+        EngineArgs::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                e.to_string(),
+            )
+            .exit();
+    }
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

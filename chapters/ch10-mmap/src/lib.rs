@@ -27,8 +27,9 @@
 //! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`.
 //!
 //! Left for later: a server in front of the scheduler (chapter 11), more model
-//! architectures than llama, GPU offload, and loading tensors straight from disk into device
-//! memory.
+//! architectures than llama (chapter 13 registers them with chapter 4's loader, and its
+//! binary is this engine's [`engine::main`]), GPU offload, and loading tensors straight from
+//! disk into device memory.
 
 pub mod engine;
 pub mod loader;

@@ -275,3 +275,28 @@ pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     })
 }
 // ANCHOR_END: run
+
+/// The binary's `main`: configuration from flags, environment and file, logs, then [`run`];
+/// exit 2 on a bad configuration, 1 on a failure. Chapter 13's server calls it after
+/// registering its model families.
+pub fn main() {
+    use clap::CommandFactory;
+    let args = match Args::load() {
+        Ok(a) => a,
+        Err(config::ConfigError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = args.check() {
+        Args::command()
+            .error(clap::error::ErrorKind::ValueValidation, e)
+            .exit();
+    }
+    init_logs(args.log_format);
+    if let Err(e) = run(&args) {
+        tracing::error!("{e}");
+        std::process::exit(1);
+    }
+}

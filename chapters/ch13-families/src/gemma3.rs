@@ -81,13 +81,12 @@ pub struct Block {
     pub local: bool,
 }
 
-/// Gemma 3's blocks and its two kinds of attention.
+/// Gemma 3's blocks, and the attention of its sliding-window layers; the global layers use
+/// the model's own (`Model::attention`, with Gemma's score scale).
 pub struct Gemma3 {
     pub blocks: Vec<Block>,
     /// Sliding-window layers: window `n_swa`, RoPE base [`SWA_ROPE_BASE`] (or the file's).
     pub local: Attention,
-    /// Global layers: the file's RoPE base and scaling.
-    pub global: Attention,
     /// The factor on the scores: `1/√head_dim` (`1/√(d_model/n_head)` for the 27B model).
     pub kq_scale: f32,
     pub swa_rope_base: f32,
@@ -159,24 +158,23 @@ fn swa_layers(file: &GgufFile<&[u8]>, n_layer: usize) -> Result<Vec<bool>, LoadE
         .collect())
 }
 
-impl Gemma3 {
-    /// The two attentions for a run of `n_ctx` positions.
-    fn attentions(
-        cfg: &Config,
-        n_ctx: usize,
-        swa_rope_base: f32,
-        n_swa: Option<usize>,
-        kq_scale: f32,
-    ) -> Result<(Attention, Attention), LoadError> {
-        let mut global = Attention::new(cfg, n_ctx)?;
-        global.kq_scale = kq_scale;
-        let local = Attention {
-            rope: RopeTable::new(cfg.rope_dim, swa_rope_base, 1.0, cfg.rope_style, n_ctx),
-            window: n_swa,
-            kq_scale,
-            ..Attention::new(cfg, 1)?
-        };
-        Ok((local, global))
+/// The attention of the sliding-window layers for a run of `n_ctx` positions: chapter 3's,
+/// with a window and a RoPE table of their own base (never scaled: llama.cpp's
+/// `rope_freq_scale_train_swa` is 1).
+fn local_attention(
+    cfg: &Config,
+    n_ctx: usize,
+    base: f32,
+    window: Option<usize>,
+    kq_scale: f32,
+) -> Attention {
+    Attention {
+        n_head: cfg.n_head,
+        n_head_kv: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+        rope: RopeTable::new(cfg.rope_dim, base, 1.0, cfg.rope_style, n_ctx),
+        window,
+        kq_scale,
     }
 }
 
@@ -214,7 +212,7 @@ pub fn load(file: &GgufFile<&[u8]>, loader: &dyn MatrixLoader) -> Result<Model, 
     // llama.cpp: the 27B model (62 layers) scales by 1/√(d_model / n_head), the others by
     // 1/√head_dim (gemma_pytorch's `query_pre_attn_scalar`).
     let kq_scale = if config.n_layer == 62 {
-        1.0 / ((d / config.n_head) as f32).sqrt()
+        1.0 / ((d / config.n_head).max(1) as f32).sqrt()
     } else {
         Attention::standard_scale(hd)
     };
@@ -256,12 +254,12 @@ pub fn load(file: &GgufFile<&[u8]>, loader: &dyn MatrixLoader) -> Result<Model, 
     };
     let n_ctx = config.default_context();
     check_context(&config, n_ctx).map_err(|e| other(&e))?;
-    let (local, global) = Gemma3::attentions(&config, n_ctx, swa_rope_base, n_swa, kq_scale)?;
-    let attention = Attention::new(&config, n_ctx)?;
+    // The global layers use the model's attention, with Gemma's scale.
+    let mut attention = Attention::new(&config, n_ctx)?;
+    attention.kq_scale = kq_scale;
     let family = Gemma3 {
         blocks,
-        local,
-        global,
+        local: local_attention(&config, n_ctx, swa_rope_base, n_swa, kq_scale),
         kq_scale,
         swa_rope_base,
         n_swa,
@@ -343,7 +341,11 @@ impl Family for Gemma3 {
         s.gate.resize(n * ff, 0.0); // (n, n_ff)
         s.up.resize(n * ff, 0.0); // (n, n_ff)
         for (l, w) in self.blocks.iter().enumerate() {
-            let attn = if w.local { &self.local } else { &self.global };
+            let attn = if w.local {
+                &self.local
+            } else {
+                &model.attention
+            };
             let (qd, kvd) = (attn.q_dim(), attn.kv_dim());
             ops.rms_norm(&s.x, &w.attn_norm, eps, &mut s.h);
             seen(obs, "attn_norm", l, &[n, d], &s.h);
@@ -405,9 +407,14 @@ impl Family for Gemma3 {
         }
     }
 
-    fn set_context(&mut self, config: &Config, n_ctx: usize) -> Result<(), LoadError> {
-        (self.local, self.global) =
-            Gemma3::attentions(config, n_ctx, self.swa_rope_base, self.n_swa, self.kq_scale)?;
+    fn set_context(
+        &mut self,
+        config: &Config,
+        n_ctx: usize,
+        attention: &mut Attention,
+    ) -> Result<(), LoadError> {
+        attention.kq_scale = self.kq_scale;
+        self.local = local_attention(config, n_ctx, self.swa_rope_base, self.n_swa, self.kq_scale);
         Ok(())
     }
 
