@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 from . import engine as E
-from . import facts, gemma3, prompts, quant, tokenizer
+from . import facts, gemma3, prompts, quant, tokenizer, variants
 from .common import log, sha256_file, write_json
 from .f32_model import write_f32_copy
 
@@ -53,6 +53,13 @@ def describe(rel: str) -> str:
         return f"Gemma 3 270M, prompt {m[1]}: intermediate tensors on the F32 copy (last rows)"
     if m := re.fullmatch(r"gemma3/(\w+)\.quant\.safetensors", rel):
         return f"Gemma 3 270M Q4_K_M, prompt {m[1]}: logits after the prompt, top-k per step"
+    if m := re.fullmatch(r"variants/(\w+)/model\.json", rel):
+        return f"synthetic variant {m[1]}: the recipe (metadata, tensor shapes, seeds, sha256), " \
+            "prompt and llama.cpp's greedy continuation"
+    if m := re.fullmatch(r"variants/(\w+)/prompt\.safetensors", rel):
+        return f"synthetic variant {m[1]}: every intermediate tensor of the prompt"
+    if m := re.fullmatch(r"variants/(\w+)/generation\.safetensors", rel):
+        return f"synthetic variant {m[1]}: greedy continuation, top-k logits per decode step"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
         return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
@@ -185,6 +192,8 @@ def main() -> int:
     )
     g3 = gemma3.export_gemma3(args.gemma3, args.cache, stage, g3_settings)
     g3["settings"] = g3_settings.describe()
+    log("step 11: synthetic llama-family variants")
+    va = variants.export_variants(stage / "tokenizer", args.cache, stage, f32_settings)
 
     files = {}
     for p in sorted(stage.rglob("*")):
@@ -249,6 +258,11 @@ def main() -> int:
         },
         "prompts": pr["prompts"],
         "gemma3": {k: v for k, v in g3.items() if k != "prompts"},
+        "variants": {
+            "how": "synthetic models built from variants/<id>/model.json by gguf-py, kept in "
+            "the cache, not committed; run with the default model's F32 settings",
+            **va,
+        },
         "files": files,
         "reduced_precision": pr["reduced_precision"],
         "graph_name_notes": {

@@ -45,6 +45,9 @@ pub struct Config {
     pub rope_dim: usize,
     /// Context extension, if the model was trained with one (`{arch}.rope.scaling.*`).
     pub rope_scaling: Option<RopeScaling>,
+    /// A factor on RoPE's cosines and sines, so on every query and key
+    /// (`{arch}.rope.scaling.attn_factor`, default 1).
+    pub rope_attn_factor: f32,
     /// Which dimensions RoPE pairs up; fixed by the architecture.
     pub rope_style: RopeStyle,
     /// ε inside RMSNorm's square root (`{arch}.attention.layer_norm_rms_epsilon`).
@@ -59,6 +62,10 @@ pub struct RopeScaling {
     pub kind: RopeScalingType,
     /// Context extension factor; positions are divided by it (for linear scaling).
     pub factor: f32,
+    /// The context the model was trained on before the extension
+    /// (`{arch}.rope.scaling.original_context_length`, default `context_length`): YaRN blends
+    /// scaled and unscaled frequencies around the wavelengths that fit in it.
+    pub original_context: usize,
 }
 
 /// `{arch}.rope.scaling.type`.
@@ -262,7 +269,10 @@ impl Config {
             let why = format!("{rope_dim} must be even and equal the head size {head_dim}");
             return Err(invalid("rope.dimension_count", why));
         }
-        let rope_scaling = rope_scaling(&k)?;
+        let rope_scaling = rope_scaling(&k, context_length)?;
+        let rope_attn_factor = k.f32("rope.scaling.attn_factor", Some(1.0), "positive", |f| {
+            f > 0.0
+        })?;
         // ε keeps RMSNorm's division away from zero: positive, and small against the mean
         // square it is added to (real models use 1e-6 to 1e-5).
         let rms_norm_eps = k.f32(
@@ -286,6 +296,7 @@ impl Config {
             rope_freq_base,
             rope_dim,
             rope_scaling,
+            rope_attn_factor,
             rope_style: RopeStyle::Normal,
             rms_norm_eps,
             tied_embeddings,
@@ -311,8 +322,9 @@ impl Config {
 }
 
 /// `rope.scaling.type` (default "linear", as in llama.cpp) with `rope.scaling.factor` (or the
-/// older `rope.scale_linear`). A factor of 0 or 1 scales nothing, so it is `None`.
-fn rope_scaling(k: &Keys) -> Result<Option<RopeScaling>, ConfigError> {
+/// older `rope.scale_linear`), and `rope.scaling.original_context_length` (default
+/// `context_length`). A factor of 0 or 1 scales nothing, so it is `None`.
+fn rope_scaling(k: &Keys, context_length: usize) -> Result<Option<RopeScaling>, ConfigError> {
     let type_key = k.key("rope.scaling.type");
     let kind = match k.gguf.get(&type_key) {
         None => Some(RopeScalingType::Linear),
@@ -337,15 +349,20 @@ fn rope_scaling(k: &Keys) -> Result<Option<RopeScaling>, ConfigError> {
         Some(s) => k.f32(s, None, "0 (unset) or positive", |f| f >= 0.0)?,
         None => 0.0,
     };
+    let original_context = k.count_or("rope.scaling.original_context_length", context_length)?;
     Ok(match kind {
-        Some(kind) if factor != 0.0 && factor != 1.0 => Some(RopeScaling { kind, factor }),
+        Some(kind) if factor != 0.0 && factor != 1.0 => Some(RopeScaling {
+            kind,
+            factor,
+            original_context,
+        }),
         _ => None,
     })
 }
 
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rows: [(&str, String); 15] = [
+        let rows: [(&str, String); 16] = [
             ("arch", self.arch.clone()),
             ("n_layer", self.n_layer.to_string()),
             ("d_model", self.d_model.to_string()),
@@ -358,6 +375,7 @@ impl fmt::Display for Config {
             ("rope_freq_base", self.rope_freq_base.to_string()),
             ("rope_dim", self.rope_dim.to_string()),
             ("rope_scaling", format!("{:?}", self.rope_scaling)),
+            ("rope_attn_factor", self.rope_attn_factor.to_string()),
             ("rope_style", format!("{:?}", self.rope_style)),
             ("rms_norm_eps", format!("{:e}", self.rms_norm_eps)),
             ("tied_embeddings", self.tied_embeddings.to_string()),

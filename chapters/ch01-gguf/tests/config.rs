@@ -48,6 +48,7 @@ fn optional_keys_take_llama_cpp_defaults() {
             rope_freq_base: 10000.0,
             rope_dim: 16,
             rope_scaling: None,
+            rope_attn_factor: 1.0,
             rope_style: RopeStyle::Normal,
             rms_norm_eps: 1e-6,
             tied_embeddings: true,
@@ -67,6 +68,8 @@ fn explicit_keys_override_the_defaults() {
         .kv("llama.vocab_size", Value::U32(3))
         .kv("llama.rope.scaling.type", Value::String("yarn".into()))
         .kv("llama.rope.scaling.factor", Value::F32(4.0))
+        .kv("llama.rope.scaling.original_context_length", Value::U32(64))
+        .kv("llama.rope.scaling.attn_factor", Value::F32(1.25))
         .tensor(
             "output.weight",
             &[64, 3],
@@ -80,9 +83,11 @@ fn explicit_keys_override_the_defaults() {
         c.rope_scaling,
         Some(RopeScaling {
             kind: RopeScalingType::Yarn,
-            factor: 4.0
+            factor: 4.0,
+            original_context: 64,
         })
     );
+    assert_eq!(c.rope_attn_factor, 1.25);
     assert!(!c.tied_embeddings);
     assert_eq!((c.n_group(), c.kv_dim()), (2, 64));
 }
@@ -101,7 +106,8 @@ fn a_scaling_factor_of_one_or_type_none_scales_nothing() {
         config(old).unwrap().rope_scaling,
         Some(RopeScaling {
             kind: RopeScalingType::Linear,
-            factor: 2.0
+            factor: 2.0,
+            original_context: 256,
         })
     );
 }
@@ -124,6 +130,14 @@ fn inconsistent_values_name_their_key() {
         (
             minimal().kv("llama.attention.head_count_kv", Value::U32(0)),
             "llama.attention.head_count_kv",
+        ),
+        (
+            minimal().kv("llama.rope.scaling.attn_factor", Value::F32(-1.0)),
+            "llama.rope.scaling.attn_factor",
+        ),
+        (
+            minimal().kv("llama.rope.scaling.original_context_length", Value::U32(0)),
+            "llama.rope.scaling.original_context_length",
         ),
     ];
     for (b, key) in cases {

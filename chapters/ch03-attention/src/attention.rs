@@ -15,9 +15,9 @@
 
 use crate::compute::{AttentionOps, AttnScratch, Scalar};
 use crate::kv::{KvError, KvStore, KvView};
-use crate::matrix::{LoadError, Matrix, MatrixLoader, load_matrix};
+use crate::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
 use crate::observe::Observer;
-use crate::rope::RopeTable;
+use crate::rope::{RopeScale, RopeTable};
 use ch01::config::RopeScalingType;
 use ch01::{Config, GgufFile};
 
@@ -75,23 +75,64 @@ impl Attention {
     /// a run holds, which the caller has checked (it is not the file's `context_length`, which
     /// a file may set to anything).
     pub fn new(cfg: &Config, n_ctx: usize) -> Result<Attention, LoadError> {
-        let freq_scale = match &cfg.rope_scaling {
-            None => 1.0,
-            Some(s) if s.kind == RopeScalingType::Linear => 1.0 / s.factor,
-            Some(s) => {
-                return Err(LoadError::Other(format!(
-                    "RoPE scaling {:?} is not supported (only linear)",
-                    s.kind
-                )));
+        Attention::with_rope(cfg, Attention::rope_scale(cfg, None)?, n_ctx)
+    }
+
+    /// [`Attention::new`] for a model file, which may carry RoPE frequency factors
+    /// (`rope_freqs.weight`, Llama 3).
+    pub fn load<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        cfg: &Config,
+        n_ctx: usize,
+    ) -> Result<Attention, LoadError> {
+        let name = "rope_freqs.weight";
+        let factors = match file.gguf.tensor(name) {
+            None => None,
+            Some(_) => {
+                let f = load_vector(file, name, cfg.rope_dim / 2)?;
+                // Each divides an angle: zero or negative would give infinities or reversals.
+                if let Some((i, v)) = f.iter().enumerate().find(|(_, v)| **v <= 0.0) {
+                    return Err(LoadError::Other(format!(
+                        "tensor {name:?} holds {v} at index {i}: frequency factors must be positive"
+                    )));
+                }
+                Some(f)
             }
         };
-        let rope = RopeTable::new(
-            cfg.rope_dim,
-            cfg.rope_freq_base,
-            freq_scale,
-            cfg.rope_style,
-            n_ctx,
-        );
+        Attention::with_rope(cfg, Attention::rope_scale(cfg, factors)?, n_ctx)
+    }
+
+    /// The position scaling `cfg` asks for, with `freq_factors` (`rope_dim / 2` of them) if
+    /// the file has them.
+    pub fn rope_scale(
+        cfg: &Config,
+        freq_factors: Option<Vec<f32>>,
+    ) -> Result<RopeScale, LoadError> {
+        let mut scale = match &cfg.rope_scaling {
+            None => RopeScale::linear(1.0),
+            Some(s) => match s.kind {
+                RopeScalingType::Linear => RopeScale::linear(1.0 / s.factor),
+                RopeScalingType::Yarn => RopeScale::yarn(
+                    cfg.rope_dim,
+                    cfg.rope_freq_base,
+                    s.factor,
+                    s.original_context,
+                ),
+                RopeScalingType::LongRope => {
+                    return Err(LoadError::Other(
+                        "RoPE scaling LongRope is not supported (only linear and YaRN)".into(),
+                    ));
+                }
+            },
+        };
+        scale.attn_factor *= cfg.rope_attn_factor;
+        scale.freq_factors = freq_factors;
+        Ok(scale)
+    }
+
+    fn with_rope(cfg: &Config, scale: RopeScale, n_ctx: usize) -> Result<Attention, LoadError> {
+        let base = cfg.rope_freq_base;
+        let rope = RopeTable::scaled(cfg.rope_dim, base, cfg.rope_style, scale, n_ctx);
         Ok(Attention {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
@@ -168,6 +209,53 @@ pub struct AttentionWeights {
     pub wk: Box<dyn Matrix>, // (n_head_kv * head_dim, d_model)
     pub wv: Box<dyn Matrix>, // (n_head_kv * head_dim, d_model)
     pub wo: Box<dyn Matrix>, // (d_model, n_head * head_dim)
+    /// Biases some files add to the projections (Qwen2 on Q, K and V).
+    pub bias: AttnBias,
+}
+
+/// Optional biases of the attention projections (`blk.N.attn_{q,k,v,output}.bias`), added to
+/// every row of the product.
+#[derive(Debug, Clone, Default)]
+pub struct AttnBias {
+    pub q: Option<Vec<f32>>, // (n_head * head_dim)
+    pub k: Option<Vec<f32>>, // (n_head_kv * head_dim)
+    pub v: Option<Vec<f32>>, // (n_head_kv * head_dim)
+    pub o: Option<Vec<f32>>, // (d_model)
+}
+
+impl AttnBias {
+    /// Layer `layer`'s biases, those the file has.
+    pub fn load<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        cfg: &Config,
+        layer: usize,
+    ) -> Result<AttnBias, LoadError> {
+        let (d, q, kv) = (cfg.d_model, cfg.n_head * cfg.head_dim, cfg.kv_dim());
+        let bias = |t: &str, n: usize| {
+            let name = format!("blk.{layer}.{t}.bias");
+            match file.gguf.tensor(&name) {
+                None => Ok(None),
+                Some(_) => load_vector(file, &name, n).map(Some),
+            }
+        };
+        Ok(AttnBias {
+            q: bias("attn_q", q)?,
+            k: bias("attn_k", kv)?,
+            v: bias("attn_v", kv)?,
+            o: bias("attn_output", d)?,
+        })
+    }
+}
+
+/// Add `bias` (if any) to every row of `x`.
+fn add_bias(x: &mut [f32], bias: &Option<Vec<f32>>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            for (x, b) in row.iter_mut().zip(b) {
+                *x += b;
+            }
+        }
+    }
 }
 
 impl AttentionWeights {
@@ -189,6 +277,7 @@ impl AttentionWeights {
             wk: load_matrix(file, loader, &name("attn_k"), d, kv)?,
             wv: load_matrix(file, loader, &name("attn_v"), d, kv)?,
             wo: load_matrix(file, loader, &name("attn_output"), q, d)?,
+            bias: AttnBias::load(file, cfg, layer)?,
         })
     }
 }
@@ -221,6 +310,9 @@ impl Attention {
         w.wq.matmul(x, q); // (n, n_head, head_dim)
         w.wk.matmul(x, k); // (n, n_head_kv, head_dim)
         w.wv.matmul(x, v); // (n, n_head_kv, head_dim)
+        add_bias(q, &w.bias.q);
+        add_bias(k, &w.bias.k);
+        add_bias(v, &w.bias.v);
         ops.rope(&self.rope, q, hd, tokens);
         ops.rope(&self.rope, k, hd, tokens);
         for (i, t) in tokens.iter().enumerate() {
@@ -251,6 +343,7 @@ impl Attention {
             }
         }
         w.wo.matmul(attn, out);
+        add_bias(out, &w.bias.o);
 
         if obs.enabled() {
             obs.observe(&format!("Qcur-{layer}"), &[n, self.n_head, hd], q);

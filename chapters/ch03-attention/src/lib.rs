@@ -26,12 +26,12 @@ pub mod matrix;
 pub mod observe;
 pub mod rope;
 
-pub use attention::{Attention, AttentionWeights, TokenPos, softmax};
+pub use attention::{Attention, AttentionWeights, AttnBias, TokenPos, softmax};
 pub use compute::{AttentionOps, AttnScratch, Scalar};
 pub use kv::{KvDyn, KvError, KvStore, KvView, VecKv};
 pub use matrix::{DenseLoader, DenseMatrix, LoadError, Matrix, MatrixLoader};
 pub use observe::{NoObserver, Observer, Recorder};
-pub use rope::{RopeStyle, RopeTable};
+pub use rope::{RopeScale, RopeStyle, RopeTable};
 
 /// Everything earlier chapters offer, so `ch03` reads as "the engine as of chapter 3".
 pub use ch01::{self, Config, Gguf, GgufFile};

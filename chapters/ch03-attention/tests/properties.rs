@@ -1,6 +1,6 @@
 //! Properties of softmax, RoPE and attention that hold for any input.
 
-use ch03::attention::{Attention, AttentionWeights, TokenPos};
+use ch03::attention::{Attention, AttentionWeights, AttnBias, TokenPos};
 use ch03::{DenseMatrix, KvStore, NoObserver, Recorder, RopeStyle, RopeTable, VecKv, softmax};
 use proptest::prelude::*;
 
@@ -119,12 +119,14 @@ fn gqa_with_as_many_kv_heads_as_query_heads_is_multi_head_attention() {
         wk: dense(2 * hd, d, 2),
         wv: dense(2 * hd, d, 3),
         wo: dense(d, 4 * hd, 4),
+        bias: AttnBias::default(),
     };
     let w_mha = AttentionWeights {
         wq: dense(4 * hd, d, 1),
         wk: dup(&wk),
         wv: dup(&wv),
         wo: dense(d, 4 * hd, 4),
+        bias: AttnBias::default(),
     };
     let x: Vec<f32> = (0..n * d)
         .map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0)
@@ -155,6 +157,7 @@ fn causal_mask_hides_the_future_and_sliding_window_the_distant_past() {
         wk: dense(hd, d, 2),
         wv: dense(hd, d, 3),
         wo: dense(d, 2 * hd, 4),
+        bias: AttnBias::default(),
     };
     let x: Vec<f32> = (0..n * d)
         .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)

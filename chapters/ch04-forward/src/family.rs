@@ -35,8 +35,8 @@ pub trait Family: Send + Sync {
     );
 
     /// Rebuild what depends on the run's context of `n_ctx` positions (RoPE tables).
-    /// `attention` is the model's, just rebuilt by chapter 3's `Attention::new` for `n_ctx`:
-    /// the family adjusts it if its layers use it differently.
+    /// `attention` is the model's, its RoPE table just resized to `n_ctx` positions: the
+    /// family adjusts it if its layers use it differently.
     fn set_context(
         &mut self,
         config: &Config,

@@ -240,6 +240,52 @@ impl Observer for FirstNonFinite {
     }
 }
 
+/// Refuse a file with a tensor our llama blocks do not use: one llama.cpp's llama graph can use
+/// and ours does not (a fused QKV matrix, biases of the feed-forward network), or one nothing
+/// uses. Running without it would compute another model.
+fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
+    const GLOBAL: [&str; 4] = [
+        "token_embd.weight",
+        "output_norm.weight",
+        "output.weight",
+        "rope_freqs.weight",
+    ];
+    const LAYER: [&str; 13] = [
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "attn_q.bias",
+        "attn_k.bias",
+        "attn_v.bias",
+        "attn_output.bias",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    let used = |name: &str| {
+        GLOBAL.contains(&name)
+            || name
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(layer, t)| {
+                    layer
+                        .parse::<usize>()
+                        .is_ok_and(|l| l < cfg.n_layer && l.to_string() == layer)
+                        && LAYER.contains(&t)
+                })
+    };
+    match file.gguf.tensors.iter().find(|t| !used(&t.name)) {
+        Some(t) => Err(LoadError::Other(format!(
+            "tensor {:?} is not one the {} blocks use: this engine cannot run the file",
+            t.name, cfg.arch
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Refuse a context of `n_ctx` positions that is out of range for `cfg`, or whose RoPE table
 /// or f32 KV cache would not fit in memory.
 pub fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
@@ -296,6 +342,17 @@ impl Model {
             };
         }
         let config = Config::from_gguf(&file.gguf).map_err(|e| LoadError::Other(e.to_string()))?;
+        Model::load_llama(file, loader, config)
+    }
+
+    /// A model that runs llama's blocks, with `config` read from `file` by the caller: llama
+    /// itself, or a family that differs only in its metadata (chapter 13's Qwen2 rotates
+    /// halves). Every tensor of the file must be one these blocks use, as llama.cpp insists.
+    pub fn load_llama<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        loader: &dyn MatrixLoader,
+        config: Config,
+    ) -> Result<Model, LoadError> {
         let (d, vocab) = (config.d_model, config.vocab_size);
         let layers = (0..config.n_layer)
             .map(|l| LayerWeights::load(file, loader, &config, l))
@@ -310,11 +367,12 @@ impl Model {
                 Some(load_matrix(file, loader, "output.weight", d, vocab)?)
             },
         };
+        check_all_used(file, &config)?;
         // After the weights, whose shapes have confirmed the widths the metadata states: the
         // RoPE table is sized by them and by the run's context, not by the file's claim.
         let n_ctx = config.default_context();
         check_context(&config, n_ctx).map_err(|e| LoadError::Other(e.to_string()))?;
-        let attention = Attention::new(&config, n_ctx)?;
+        let attention = Attention::load(file, &config, n_ctx)?;
         Ok(Model {
             config,
             attention,
@@ -359,8 +417,7 @@ impl Model {
     pub fn set_context(&mut self, n_ctx: usize) -> Result<(), ContextError> {
         check_context(&self.config, n_ctx)?;
         if n_ctx != self.n_ctx() {
-            self.attention = Attention::new(&self.config, n_ctx)
-                .expect("the configuration was accepted when the model loaded");
+            self.attention.rope.resize(n_ctx);
             if let Some(f) = &mut self.family {
                 f.set_context(&self.config, n_ctx, &mut self.attention)
                     .expect("the configuration was accepted when the model loaded");

@@ -1,0 +1,264 @@
+//! Llama-family variants against llama.cpp, tensor by tensor, on synthetic models
+//! (`reference-data/variants/`, made by `scripts/export-reference`): Llama 3's RoPE frequency
+//! factors, YaRN scaling (with an attention factor and an untied output matrix), and Qwen2's
+//! Q/K/V biases with NeoX RoPE. Each model is built here from its recipe — the metadata of its
+//! family, a real vocabulary, seeded F32 weights whose sha256 must match the pipeline's — so
+//! llama.cpp and we run identical weights, and the checks are the F32 path's.
+
+use ch13::sampling::argmax;
+use ch13::synthetic;
+use ch13::{
+    Batch, DenseLoader, FastLoader, Gguf, GgufFile, HIDDEN_TOL, Model, PoolKind, Recorder,
+    Tokenizer, new_pool,
+};
+use shared::refdata::{self, TensorFile};
+use shared::{Tolerance, assert_close};
+
+/// Logits of the synthetic models: chapter 4's `LOGITS_TOL` reasoning (f32 sums in another
+/// order, a 128-term dot product per vocabulary entry after two layers) with a larger relative
+/// part, because random weights give logits up to about 20 where SmolLM2's stay near 10.
+/// Observed: at most about 1e-5.
+const VARIANT_LOGITS_TOL: Tolerance = Tolerance::new(1e-4, 1e-4);
+
+/// Where llama.cpp's greedy token and ours differ, our top two must be closer than this: the
+/// f32 path differs from llama.cpp's only by summation order, a few units of 1e-5 on these
+/// logits (above), so anything wider is a real difference.
+const VARIANT_TIE_MARGIN: f32 = 1e-3;
+
+struct Variant {
+    id: String,
+    model: Model,
+    tokenizer: Tokenizer,
+    recipe: serde_json::Value,
+    /// Loaded as the finished engine runs it.
+    engine: bool,
+}
+
+/// Variant `id` with f32 weights and chapter 3's scalar attention.
+fn load(id: &str) -> Variant {
+    load_with(id, false)
+}
+
+/// With `engine`, as the finished engine runs it: chapter 8's matrices and compute.
+fn load_with(id: &str, engine: bool) -> Variant {
+    ch13::register();
+    let recipe =
+        refdata::json(&format!("variants/{id}/model.json")).unwrap_or_else(|e| panic!("{e}"));
+    let vocab_file = refdata::read(recipe["vocab"].as_str().unwrap()).unwrap();
+    let vocab = Gguf::parse(&vocab_file).unwrap();
+    let bytes = synthetic::build(&recipe, &vocab).unwrap_or_else(|e| panic!("{id}: {e}"));
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let model = if engine {
+        let fast = FastLoader::new(new_pool(PoolKind::Spin, 2));
+        let compute = fast.compute();
+        Model::load(&file, &fast).map(|m| m.with_compute(compute))
+    } else {
+        Model::load(&file, &DenseLoader)
+    }
+    .unwrap_or_else(|e| panic!("{id}: {e}"));
+    let tokenizer = Tokenizer::from_gguf(&file.gguf).unwrap();
+    Variant {
+        id: id.to_string(),
+        model,
+        tokenizer,
+        recipe,
+        engine,
+    }
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every intermediate tensor llama.cpp stored for the prompt, and the last position's logits.
+fn check_prompt(v: &Variant) {
+    let p = &v.recipe["prompt"];
+    let want_ids = ids(&p["ids"]);
+    assert_eq!(
+        v.tokenizer.encode(p["text"].as_str().unwrap(), true, false),
+        want_ids,
+        "{}: the prompt's tokens",
+        v.id
+    );
+    let refs = TensorFile::open(&format!("variants/{}/prompt.safetensors", v.id))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut rec = Recorder::new();
+    let batch = Batch::sequence(0, &want_ids, 0, false);
+    let model = &v.model;
+    model
+        .forward(&batch, &mut model.new_kv(), &mut rec)
+        .unwrap_or_else(|e| panic!("{}: {e}", v.id));
+    let (mut checked, mut worst, mut logits) = (0, (0f32, String::new()), 0f32);
+    for name in refs.names() {
+        if name == "tokens" {
+            continue;
+        }
+        let want = refs.f32(&name).unwrap();
+        let (_, got) = rec.get(&name);
+        // After the last layer's attention llama.cpp keeps the last position only.
+        let got = &got[got.len() - want.data.len()..];
+        let tol = if name == "result_output" {
+            VARIANT_LOGITS_TOL
+        } else {
+            HIDDEN_TOL
+        };
+        let r = assert_close(
+            &format!("{}: {name}", v.id),
+            &want.shape,
+            got,
+            &want.data,
+            tol,
+        );
+        if name == "result_output" {
+            logits = r.max_abs;
+        } else if r.max_abs > worst.0 {
+            worst = (r.max_abs, name);
+        }
+        checked += 1;
+    }
+    eprintln!(
+        "{}: {checked} tensors of {} prompt tokens; largest |diff| {:.1e} ({}), logits {:.1e}",
+        v.id,
+        want_ids.len(),
+        worst.0,
+        worst.1,
+        logits
+    );
+    // 13 per layer (12 for qwen2, whose graph names no attn_out), the final norm, the logits.
+    assert!(checked >= 28, "{}: only {checked} tensors compared", v.id);
+}
+
+/// llama.cpp's greedy continuation, fed back one token at a time through the KV cache: our
+/// logits at its top 32 ids, and its choice unless our top two are a near-tie.
+fn check_decode(v: &Variant) {
+    let model = &v.model;
+    let prompt = ids(&v.recipe["prompt"]["ids"]);
+    let generated = ids(&v.recipe["generated"]);
+    let refs = TensorFile::open(&format!("variants/{}/generation.safetensors", v.id)).unwrap();
+    let (_, topk_ids) = refs.i64("topk_ids").unwrap();
+    let topk_logits = refs.f32("topk_logits").unwrap();
+    let k = topk_logits.shape[1];
+    let mut kv = model.new_kv();
+    let mut logits = model
+        .forward(
+            &Batch::sequence(0, &prompt, 0, false),
+            &mut kv,
+            &mut ch13::NoObserver,
+        )
+        .unwrap();
+    let (mut worst_step, mut differ) = (0f32, 0);
+    for (step, &tok) in generated.iter().enumerate() {
+        let want_ids = &topk_ids[step * k..(step + 1) * k];
+        let want = &topk_logits.data[step * k..(step + 1) * k];
+        let got: Vec<f32> = want_ids.iter().map(|&i| logits[i as usize]).collect();
+        assert_close(
+            &format!("{}: step {step} top {k}", v.id),
+            &[k],
+            &got,
+            want,
+            VARIANT_LOGITS_TOL,
+        );
+        let best = argmax(&logits);
+        let gap = logits[best] - logits[tok as usize];
+        differ += usize::from(best != tok as usize);
+        assert!(
+            best == tok as usize || gap < VARIANT_TIE_MARGIN,
+            "{}: step {step}: we pick {best}, llama.cpp {tok}, {gap} apart",
+            v.id
+        );
+        worst_step = worst_step.max(
+            got.iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max),
+        );
+        let pos = prompt.len() + step;
+        logits = model
+            .forward(
+                &Batch::sequence(0, &[tok], pos, false),
+                &mut kv,
+                &mut ch13::NoObserver,
+            )
+            .unwrap();
+    }
+    eprintln!(
+        "{}: {} decode steps through the KV cache, top-{k} logits within {:.1e}, greedy tokens \
+         {}{}",
+        v.id,
+        generated.len(),
+        worst_step,
+        if differ == 0 {
+            "equal".to_string()
+        } else {
+            format!("equal but at {differ} near-ties")
+        },
+        if v.engine { " (engine)" } else { "" }
+    );
+}
+
+#[test]
+fn llama3_rope_frequency_factors_match_llama_cpp() {
+    let v = load("llama3");
+    let s = &v.model.attention.rope;
+    assert!(
+        s.scale().freq_factors.is_some(),
+        "rope_freqs.weight not read"
+    );
+    check_prompt(&v);
+    check_decode(&v);
+}
+
+#[test]
+fn yarn_scaling_matches_llama_cpp() {
+    let v = load("yarn");
+    assert_eq!(v.model.attention.rope.scale().ext_factor, 1.0);
+    check_prompt(&v);
+    check_decode(&v);
+}
+
+#[test]
+fn qwen2_biases_and_neox_rope_match_llama_cpp() {
+    let v = load("qwen2");
+    assert!(v.model.weights.layers[0].attn.bias.q.is_some());
+    check_prompt(&v);
+    check_decode(&v);
+}
+
+/// The finished engine's path (chapter 8's threaded SIMD products and attention) on every
+/// variant: the same decode check.
+#[test]
+fn the_engine_runs_every_variant_as_llama_cpp_does() {
+    for id in ["llama3", "yarn", "qwen2"] {
+        check_decode(&load_with(id, true));
+    }
+}
+
+/// A file with a tensor llama's blocks do not use is refused, naming it (llama.cpp refuses it
+/// too: it counts the tensors it loaded).
+#[test]
+fn an_unused_tensor_is_refused_by_name() {
+    ch13::register();
+    let mut recipe = refdata::json("variants/yarn/model.json").unwrap();
+    let extra = serde_json::json!({"name": "blk.0.ffn_up.bias", "ne": [384], "values": vec![0.0; 384],
+        "sha256": "placeholder"});
+    let tensors = recipe["tensors"].as_array_mut().unwrap();
+    tensors.push(extra);
+    // The recipe's sha256 of the new tensor: that of 384 zero floats.
+    let zeros = vec![0u8; 384 * 4];
+    let digest: String = <sha2::Sha256 as sha2::Digest>::digest(&zeros)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    tensors.last_mut().unwrap()["sha256"] = digest.into();
+    let vocab = Gguf::parse(&refdata::read(recipe["vocab"].as_str().unwrap()).unwrap()).unwrap();
+    let file = GgufFile::from_bytes(synthetic::build(&recipe, &vocab).unwrap()).unwrap();
+    let err = Model::load(&file, &DenseLoader)
+        .err()
+        .expect("loaded")
+        .to_string();
+    assert!(err.contains("blk.0.ffn_up.bias"), "{err}");
+}
