@@ -45,7 +45,9 @@ pub const HIDDEN_TOL: shared::Tolerance = shared::Tolerance::new(1e-3, 1e-4);
 pub use generate::{
     GenParams, Generation, Generator, Session, StopFilter, StopReason, Uncached, generate,
 };
-pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_context};
+pub use model::{
+    Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_all_used, check_context,
+};
 pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
 
 /// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".

@@ -108,6 +108,9 @@ pub enum ForwardError {
     Kv(KvError),
     /// The logits are NaN or infinite: the weights or hyperparameters are broken.
     NonFinite(NonFinite),
+    /// The device computing the pass failed (chapter 9's GPU: a lost device, a failed
+    /// submission), with its own message.
+    Device(String),
 }
 
 /// Logits that are not finite. Generation checks every row of logits it samples from (a cheap
@@ -208,6 +211,7 @@ impl fmt::Display for ForwardError {
             ),
             ForwardError::Kv(e) => write!(f, "{e}"),
             ForwardError::NonFinite(e) => write!(f, "{e}"),
+            ForwardError::Device(e) => write!(f, "the compute device failed: {e}"),
         }
     }
 }
@@ -243,7 +247,7 @@ impl Observer for FirstNonFinite {
 /// Refuse a file with a tensor our llama blocks do not use: one llama.cpp's llama graph can use
 /// and ours does not (a fused QKV matrix, biases of the feed-forward network), or one nothing
 /// uses. Running without it would compute another model.
-fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
+pub fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
     const GLOBAL: [&str; 4] = [
         "token_embd.weight",
         "output_norm.weight",

@@ -46,6 +46,10 @@ pub struct EngineArgs {
     /// packed weights are a private copy, no longer the mapped pages).
     #[arg(long)]
     pub no_repack: bool,
+    /// Run the forward pass on a GPU (chapter 9), one sequence at a time: needs the engine
+    /// built with the `gpu` feature.
+    #[arg(long)]
+    pub gpu: bool,
 }
 // ANCHOR_END: args
 
@@ -377,6 +381,9 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     cli::check(g)?;
     let path: PathBuf = g.model_path()?;
     let t0 = Instant::now();
+    if args.gpu {
+        return run_gpu(args, &path, t0);
+    }
     let mut engine = Engine::load(&path, args.load_mode(), args.fast_loader())?;
     cli::set_context(&mut engine.model, g.ctx)?;
     if !g.json {
@@ -393,6 +400,109 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     .map_err(|e| engine.explain(e))
 }
 // ANCHOR_END: run
+
+/// `--gpu` in an engine built without the `gpu` feature.
+#[cfg(not(feature = "gpu"))]
+fn run_gpu(_: &EngineArgs, _: &Path, _: Instant) -> Result<(), Box<dyn Error>> {
+    Err(
+        "--gpu: this engine was built without GPU support; build it with the `gpu` feature \
+         (cargo run --release -p ch10 --features gpu -- --gpu PROMPT)"
+            .into(),
+    )
+}
+
+/// `--gpu`: chapter 9's model on the GPU `Gpu::new` picks (an error listing the adapters it
+/// saw when there is none), driven by chapter 4's loop: one sequence at a time, each prompt
+/// (in a chat, the whole conversation) computed anew. The file is mapped or read as without
+/// `--gpu`; the weights are copied from it into GPU memory once.
+#[cfg(feature = "gpu")]
+fn run_gpu(args: &EngineArgs, path: &Path, t0: Instant) -> Result<(), Box<dyn Error>> {
+    match args.load_mode() {
+        LoadMode::Map(opts) => run_gpu_on(args, path, &map_gguf(path, &opts)?.0, t0),
+        LoadMode::Read => run_gpu_on(args, path, &read_gguf(path)?.0, t0),
+    }
+}
+
+#[cfg(feature = "gpu")]
+fn run_gpu_on<B: AsRef<[u8]>>(
+    args: &EngineArgs,
+    path: &Path,
+    file: &GgufFile<B>,
+    t0: Instant,
+) -> Result<(), Box<dyn Error>> {
+    let g = &args.generation;
+    let tokenizer = Tokenizer::from_gguf(&file.gguf).map_err(|e| in_file(path, e))?;
+    let template = ChatTemplate::from_gguf(&file.gguf)
+        .ok()
+        .or_else(|| family_template(&file.gguf));
+    let gpu = Arc::new(ch09::Gpu::new()?);
+    let opts = ch09::GpuOptions {
+        n_ctx: g.ctx,
+        max_batch: MAX_BATCH_TOKENS,
+    };
+    let model = ch09::GpuModel::load(gpu, file, opts).map_err(|e| in_file(path, e))?;
+    let load_time = t0.elapsed();
+    if !g.json {
+        eprintln!(
+            "model: {} ({} layers, d_model {}, {}; loaded in {:.1} ms)",
+            path.display(),
+            model.config.n_layer,
+            model.config.d_model,
+            model.describe(),
+            load_time.as_secs_f64() * 1e3
+        );
+    }
+    let mut runner = GpuRunner {
+        model,
+        tokenizer: &tokenizer,
+    };
+    cli::drive(
+        g,
+        &tokenizer,
+        template.as_ref(),
+        (t0, load_time),
+        &mut runner,
+    )
+}
+
+/// Chapter 4's `generate` over chapter 9's GPU model, a [`Session`](ch08::Session) whose KV
+/// cache is in GPU memory.
+#[cfg(feature = "gpu")]
+struct GpuRunner<'t> {
+    model: ch09::GpuModel,
+    tokenizer: &'t Tokenizer,
+}
+
+#[cfg(feature = "gpu")]
+impl Runner for GpuRunner<'_> {
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, Box<dyn Error>> {
+        let n_ctx = self.model.n_ctx;
+        if prompt.len() > n_ctx {
+            return Err(ContextFull {
+                prompt: prompt.len(),
+                n_ctx,
+            }
+            .into());
+        }
+        self.model.reset();
+        Ok(ch08::generate(
+            &mut self.model,
+            self.tokenizer,
+            prompt,
+            params,
+            on_text,
+        )?)
+    }
+
+    fn report(&self, json: &mut Map<String, Value>) {
+        json.insert("gpu".into(), self.model.gpu.describe().into());
+    }
+}
 
 /// The binary's `main`: parse the flags, check them, run, and exit with an error message on
 /// failure. Chapter 13's binary calls it after registering its model families.

@@ -24,12 +24,13 @@
 //! The binary (`src/main.rs`) is the finished engine, the sum of the chapters: chapter 4's
 //! command line, chapter 7's scheduler with the paged and prefix caches, chapter 8's kernels
 //! (repacked by default where the CPU has the micro-kernel) and this chapter's mapped file:
-//! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`.
+//! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`. Built with the `gpu`
+//! feature, `--gpu` runs chapter 9's GPU model instead, one sequence at a time.
 //!
 //! Left for later: a server in front of the scheduler (chapter 11), more model
 //! architectures than llama (chapter 13 registers them with chapter 4's loader, and its
-//! binary is this engine's [`engine::main`]), GPU offload, and loading tensors straight from
-//! disk into device memory.
+//! binary is this engine's [`engine::main`]), the scheduler's batches on the GPU, and loading
+//! tensors straight from disk into device memory.
 
 pub mod engine;
 pub mod loader;

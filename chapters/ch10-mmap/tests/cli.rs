@@ -183,3 +183,30 @@ fn a_bad_file_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+/// `--gpu` runs chapter 9's GPU model when the engine is built with the `gpu` feature (on
+/// lavapipe where there is no GPU), and otherwise says how to build it.
+#[test]
+fn the_gpu_flag_runs_chapter_9_or_says_how_to_build_it() {
+    let args = [
+        "--gpu",
+        "--json",
+        "--temp",
+        "0",
+        "-n",
+        "3",
+        "The capital of France is",
+    ];
+    let out = engine(&args, None);
+    let err = text(&out.stderr);
+    if cfg!(feature = "gpu") {
+        assert!(out.status.success(), "{err}");
+        let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // llama.cpp's first three greedy tokens: " Paris", ".", "\n".
+        assert_eq!(run["ids"], serde_json::json!([7042, 30, 198]), "{run}");
+        assert!(run["gpu"].is_string(), "{run}");
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("--features gpu"), "{err}");
+    }
+}

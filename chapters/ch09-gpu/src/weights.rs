@@ -1,0 +1,104 @@
+//! Weight matrices in GPU memory, in the file's own block format.
+//!
+//! As chapter 6 keeps a tensor's blocks on the CPU and multiplies without expanding them, a
+//! [`GpuMatrix`] is the tensor's bytes copied once into a GPU buffer; the kernels dequantize
+//! as they read. Only the types that have a `dequant8` in `shaders/` load; any other is an
+//! error that names the tensor and its type.
+
+use crate::device::{Gpu, GpuError, View};
+use crate::kernels::{supported_types, type_source};
+use ch08::ch01::{GgmlType, GgufFile};
+use ch08::ch03::LoadError;
+
+/// A `(rows, cols)` weight matrix on the GPU, rows of blocks as in the file.
+pub struct GpuMatrix {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Bytes of one row of blocks.
+    pub row_bytes: usize,
+    pub data: View, // (rows, row_bytes), padded to whole words
+}
+
+impl GpuMatrix {
+    /// Upload `bytes`, `rows` rows of `cols` weights of type `ty`, checking that the kernels
+    /// read `ty`, that a row is whole blocks (and groups of eight), and the length.
+    pub fn upload(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<GpuMatrix, GpuError> {
+        if type_source(ty).is_none() {
+            return Err(GpuError::Unsupported(format!(
+                "tensor {name:?} has type {}, which no GPU kernel reads (supported: {})",
+                ty.name(),
+                supported_types()
+            )));
+        }
+        let block = ty.block_size() as usize;
+        // Kernels take weights eight at a time; every block holds a multiple of eight.
+        if cols == 0 || !cols.is_multiple_of(block) || !cols.is_multiple_of(8) {
+            return Err(GpuError::Unsupported(format!(
+                "tensor {name:?}: rows of {cols} {} weights are not whole blocks of {block}",
+                ty.name()
+            )));
+        }
+        let row_bytes = (cols / block) * ty.type_size() as usize;
+        if bytes.len() != rows * row_bytes {
+            return Err(GpuError::Unsupported(format!(
+                "tensor {name:?}: {} bytes, expected {rows} rows of {row_bytes}",
+                bytes.len()
+            )));
+        }
+        // Offsets into the buffer are computed in u32.
+        if bytes.len() > u32::MAX as usize - 8 {
+            return Err(GpuError::Unsupported(format!(
+                "tensor {name:?}: {} bytes, the kernels address at most 4 GiB",
+                bytes.len()
+            )));
+        }
+        Ok(GpuMatrix {
+            name: name.to_string(),
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data: gpu.upload(name, bytes)?,
+        })
+    }
+
+    /// Tensor `name` of `file`, which must be a `(rows, cols)` matrix (`ne = [cols, rows]`).
+    pub fn load<B: AsRef<[u8]>>(
+        gpu: &Gpu,
+        file: &GgufFile<B>,
+        name: &str,
+        cols: usize,
+        rows: usize,
+    ) -> Result<GpuMatrix, GpuError> {
+        let info = file
+            .gguf
+            .tensor(name)
+            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
+        if info.dims != [cols as u64, rows as u64] {
+            return Err(LoadError::Shape {
+                name: name.to_string(),
+                expected: vec![cols as u64, rows as u64],
+                found: info.dims.clone(),
+            }
+            .into());
+        }
+        let bytes = file
+            .tensor_bytes(name)
+            .map_err(|e| LoadError::Gguf(name.to_string(), e))?;
+        GpuMatrix::upload(gpu, name, info.ggml_type, rows, cols, bytes)
+    }
+
+    /// A short description, e.g. `"Q4_1 on the GPU"`.
+    pub fn describe(&self) -> String {
+        format!("{} on the GPU", self.ty.name())
+    }
+}
