@@ -75,7 +75,8 @@ impl Attention {
     /// a run holds, which the caller has checked (it is not the file's `context_length`, which
     /// a file may set to anything).
     pub fn new(cfg: &Config, n_ctx: usize) -> Result<Attention, LoadError> {
-        Attention::with_rope(cfg, Attention::rope_scale(cfg, None)?, n_ctx)
+        let scale = Attention::rope_scale(cfg, None)?;
+        Ok(Attention::with_rope(cfg, scale, n_ctx))
     }
 
     /// [`Attention::new`] for a model file, which may carry RoPE frequency factors
@@ -99,7 +100,8 @@ impl Attention {
                 Some(f)
             }
         };
-        Attention::with_rope(cfg, Attention::rope_scale(cfg, factors)?, n_ctx)
+        let scale = Attention::rope_scale(cfg, factors)?;
+        Ok(Attention::with_rope(cfg, scale, n_ctx))
     }
 
     /// The position scaling `cfg` asks for, with `freq_factors` (`rope_dim / 2` of them) if
@@ -130,17 +132,17 @@ impl Attention {
         Ok(scale)
     }
 
-    fn with_rope(cfg: &Config, scale: RopeScale, n_ctx: usize) -> Result<Attention, LoadError> {
+    fn with_rope(cfg: &Config, scale: RopeScale, n_ctx: usize) -> Attention {
         let base = cfg.rope_freq_base;
         let rope = RopeTable::scaled(cfg.rope_dim, base, cfg.rope_style, scale, n_ctx);
-        Ok(Attention {
+        Attention {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
             rope,
             window: None,
             kq_scale: Attention::standard_scale(cfg.head_dim),
-        })
+        }
     }
 
     /// `1/√head_dim`: scores of unit-variance queries and keys keep unit variance.

@@ -213,6 +213,18 @@ pub fn load_matrix<B: AsRef<[u8]>>(
     cols: usize,
     rows: usize,
 ) -> Result<Box<dyn Matrix>, LoadError> {
+    let (info, bytes) = matrix_bytes(file, name, cols, rows)?;
+    loader.load(&file.gguf, info, bytes)
+}
+
+/// Tensor `name` of `file`, which must be a `(rows, cols)` matrix (`ne = [cols, rows]`): its
+/// info and its bytes, as stored. For a loader of another kind (chapter 9's GPU).
+pub fn matrix_bytes<'f, B: AsRef<[u8]>>(
+    file: &'f ch01::GgufFile<B>,
+    name: &str,
+    cols: usize,
+    rows: usize,
+) -> Result<(&'f TensorInfo, &'f [u8]), LoadError> {
     let info = file
         .gguf
         .tensor(name)
@@ -227,7 +239,7 @@ pub fn load_matrix<B: AsRef<[u8]>>(
     let bytes = file
         .tensor_bytes(name)
         .map_err(|e| LoadError::Gguf(name.to_string(), e))?;
-    loader.load(&file.gguf, info, bytes)
+    Ok((info, bytes))
 }
 
 /// Load a 1-D f32 vector (a norm weight) of length `n`.

@@ -199,6 +199,15 @@ impl GpuModel {
         }
         let cfg =
             Config::from_gguf(&file.gguf).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        // Every tensor must be one llama's blocks use (chapter 4's rule), and the optional
+        // biases are not run here: refuse them rather than compute another model.
+        check_all_used(file, &cfg)?;
+        if let Some(t) = file.gguf.tensors.iter().find(|t| t.name.ends_with(".bias")) {
+            return Err(GpuError::Unsupported(format!(
+                "tensor {:?}: the GPU forward pass has no biases (run without --gpu)",
+                t.name
+            )));
+        }
         let n_ctx = opts.n_ctx.unwrap_or(cfg.default_context());
         check_context(&cfg, n_ctx).map_err(|e| GpuError::Unsupported(e.to_string()))?;
         if opts.max_batch == 0 {
@@ -238,15 +247,6 @@ impl GpuModel {
         } else {
             Some(matrix("output.weight", d, vocab)?)
         };
-        // Every tensor must be one llama's blocks use (chapter 4's rule), and the optional
-        // biases are not run here: refuse them rather than compute another model.
-        check_all_used(file, &cfg)?;
-        if let Some(t) = file.gguf.tensors.iter().find(|t| t.name.ends_with(".bias")) {
-            return Err(GpuError::Unsupported(format!(
-                "tensor {:?}: the GPU forward pass has no biases (run without --gpu)",
-                t.name
-            )));
-        }
         // Chapter 3's table, with the file's RoPE scaling and frequency factors.
         let attention = Attention::load(file, &cfg, n_ctx)?;
         let rope = gpu.upload_f32(

@@ -8,7 +8,7 @@
 use crate::device::{Gpu, GpuError, View};
 use crate::kernels::{supported_types, type_source};
 use ch08::ch01::{GgmlType, GgufFile};
-use ch08::ch03::LoadError;
+use ch08::ch03::matrix::matrix_bytes;
 
 /// A `(rows, cols)` weight matrix on the GPU, rows of blocks as in the file.
 pub struct GpuMatrix {
@@ -79,21 +79,7 @@ impl GpuMatrix {
         cols: usize,
         rows: usize,
     ) -> Result<GpuMatrix, GpuError> {
-        let info = file
-            .gguf
-            .tensor(name)
-            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))?;
-        if info.dims != [cols as u64, rows as u64] {
-            return Err(LoadError::Shape {
-                name: name.to_string(),
-                expected: vec![cols as u64, rows as u64],
-                found: info.dims.clone(),
-            }
-            .into());
-        }
-        let bytes = file
-            .tensor_bytes(name)
-            .map_err(|e| LoadError::Gguf(name.to_string(), e))?;
+        let (info, bytes) = matrix_bytes(file, name, cols, rows)?;
         GpuMatrix::upload(gpu, name, info.ggml_type, rows, cols, bytes)
     }
 

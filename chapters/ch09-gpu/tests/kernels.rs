@@ -17,8 +17,8 @@ use ch09::layer::rms_norm;
 use ch09::model::rope_cos_sin;
 use ch09::quants::type_traits;
 use ch09::{
-    Attention, AttentionOps, Compute, Count, Gpu, GpuError, GpuMatrix, Kernel, KvStore, OpBuilder,
-    RopeStyle, RopeTable, Scalar, Step, TokenPos, VecKv, View,
+    Attention, AttentionOps, Compute, Count, Gpu, GpuError, GpuMatrix, GpuModel, Kernel, KvStore,
+    OpBuilder, RopeStyle, RopeTable, Scalar, Step, TokenPos, VecKv, View,
 };
 use shared::{Tolerance, assert_close};
 use std::sync::Arc;
@@ -438,4 +438,41 @@ fn no_adapter_is_a_clear_error() {
     }
     .to_string();
     assert!(seen.contains("adapters seen: \"Some GPU\""), "{seen}");
+}
+
+/// A llama file with biases (which the GPU pass does not run) is refused before anything is
+/// uploaded, naming the tensor: running without them would compute another model.
+#[test]
+fn a_file_with_biases_is_refused_naming_the_tensor() {
+    use ch09::ch01::{GgufFile, Value};
+    use ch09::ch06::gguf_write::GgufWriter;
+    let src = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &src.gguf.metadata {
+        w.set(k, v.clone()).unwrap();
+    }
+    w.set("llama.block_count", Value::U32(1)).unwrap();
+    let layer0 = |n: &str| !n.starts_with("blk.") || n.starts_with("blk.0.");
+    for t in src.gguf.tensors.iter().filter(|t| layer0(&t.name)) {
+        w.add_tensor(&t.name, &t.dims, t.ggml_type).unwrap();
+    }
+    let d = src.gguf.tensor("blk.0.attn_q.weight").unwrap().dims[1];
+    w.add_tensor("blk.0.attn_q.bias", &[d], GgmlType::F32)
+        .unwrap();
+    let mut bytes = Vec::new();
+    w.write(&mut bytes, |t| match src.tensor_bytes(&t.name) {
+        Ok(b) => Ok::<_, String>(b.to_vec()),
+        Err(_) => Ok(vec![0; t.n_bytes() as usize]),
+    })
+    .unwrap();
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let opts = ch09::GpuOptions {
+        n_ctx: Some(64),
+        max_batch: 8,
+    };
+    let err = GpuModel::load(gpu(), &file, opts)
+        .err()
+        .expect("loaded")
+        .to_string();
+    assert!(err.contains("blk.0.attn_q.bias"), "{err}");
 }
