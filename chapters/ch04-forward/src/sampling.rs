@@ -233,6 +233,12 @@ impl Sampler {
     /// Pick the next token from `logits` (`(vocab)`), given the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
+        let penalised = p.repeat_penalty != 1.0 && p.repeat_last_n > 0;
+        if p.temp <= 0.0 && !penalised {
+            // Greedy: every filter keeps the most likely token and temperature 0 keeps only
+            // it, so the chain is an argmax; no copy of the logits, no candidate list.
+            return argmax(logits) as u32;
+        }
         let mut logits = logits.to_vec();
         repeat_penalty(&mut logits, history, p.repeat_last_n, p.repeat_penalty);
         let c = &mut self.candidates;
@@ -306,6 +312,20 @@ mod tests {
             assert_eq!(s.sample(&logits, &[]), 1);
         }
         assert_eq!(argmax(&logits), 1);
+    }
+
+    #[test]
+    fn greedy_takes_the_first_of_tied_logits_and_honours_the_penalty() {
+        // A tie between tokens 2 and 5, behind the filters of the default chain: the first.
+        let logits = [0.0, 1.0, 3.0, -2.0, 2.0, 3.0];
+        let mut s = Sampler::new(SamplerParams::greedy());
+        assert_eq!(s.sample(&logits, &[]), 2);
+        // With a repetition penalty, a recent token loses its place: the chain runs.
+        let mut s = Sampler::new(SamplerParams {
+            repeat_penalty: 1.5,
+            ..SamplerParams::greedy()
+        });
+        assert_eq!(s.sample(&logits, &[2]), 5);
     }
 
     #[test]

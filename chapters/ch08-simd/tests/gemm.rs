@@ -154,3 +154,41 @@ fn fast_products_equal_chapter_6s() {
         }
     }
 }
+
+/// A matrix large enough for huge pages (2 MiB and more packed), packed with and without them,
+/// with the kernels prefetching and not: where the bytes sit and whether lines are asked for
+/// ahead must never change a product, which stays chapter 6's exactly (Q8_0, 32-weight
+/// blocks) for a decoded token and for a tile of tokens.
+#[test]
+fn huge_pages_and_prefetching_change_no_product() {
+    let mut rng = Rng(11);
+    let (rows, cols) = (4099, 640); // 2.8 MB of Q8_0 blocks; a last group of 3 rows
+    let q = quantized(GgmlType::Q8_0, rows, cols, &mut rng);
+    let Some(set) = KernelSet::for_isa(Isa::Avx512Vnni) else {
+        assert!(!ch08::gemm::vnni_available());
+        return;
+    };
+    for n in [1, 8] {
+        let x = rng.vec(n * cols, 2.0);
+        let mut want = vec![0.0; n * rows];
+        q.matmul(&x, &mut want);
+        for huge_pages in [false, true] {
+            for prefetch in [0, ch08::gemm::PREFETCH, 1 << 20] {
+                let mut p = PackedMatrix::pack_with(&q, huge_pages).expect("VNNI packs Q8_0");
+                p.prefetch = prefetch;
+                let m = FastMatrix {
+                    store: Store::<Vec<u8>>::Packed(p),
+                    ty: q.ty,
+                    rows,
+                    cols,
+                    kernels: set.get(q.ty).unwrap(),
+                    pool: Arc::new(SpinPool::new(2)),
+                };
+                let mut got = vec![f32::NAN; n * rows];
+                m.matmul(&x, &mut got);
+                let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{n} tokens, huge pages {huge_pages}, prefetch {prefetch}");
+            }
+        }
+    }
+}
