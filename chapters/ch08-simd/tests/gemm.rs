@@ -186,8 +186,14 @@ fn huge_pages_and_prefetching_change_no_product() {
                 };
                 let mut got = vec![f32::NAN; n * rows];
                 m.matmul(&x, &mut got);
-                let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
-                assert!(same, "{n} tokens, huge pages {huge_pages}, prefetch {prefetch}");
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same,
+                    "{n} tokens, huge pages {huge_pages}, prefetch {prefetch}"
+                );
             }
         }
     }
