@@ -315,6 +315,20 @@ mod tests {
     }
 
     #[test]
+    fn temperature_scales_logits_and_keeps_the_first_largest_at_zero() {
+        let mut c = cands(&[1.0, -2.0, 0.5]);
+        temperature(&mut c, 0.5);
+        let logits: Vec<f32> = c.iter().map(|c| c.logit).collect();
+        assert_eq!(logits, [2.0, -4.0, 1.0]);
+        // Greedy: the first of the largest, in the candidates' order (filters reorder them).
+        let mut c = cands(&[0.0, 3.0, -1.0, 3.0]);
+        c.swap(1, 3);
+        temperature(&mut c, 0.0);
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].id, c[0].logit), (3, 3.0));
+    }
+
+    #[test]
     fn greedy_takes_the_first_of_tied_logits_and_honours_the_penalty() {
         // A tie between tokens 2 and 5, behind the filters of the default chain: the first.
         let logits = [0.0, 1.0, 3.0, -2.0, 2.0, 3.0];
