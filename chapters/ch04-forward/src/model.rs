@@ -218,6 +218,21 @@ impl fmt::Display for ForwardError {
 
 impl std::error::Error for ForwardError {}
 
+impl ForwardError {
+    /// `Err(TokenOutOfRange)` for the first of `tokens` that is not below `vocab`: what every
+    /// forward pass checks before it looks anything up (the GPU's of chapter 9 too).
+    pub fn check_tokens(tokens: &[u32], vocab: usize) -> Result<(), ForwardError> {
+        match tokens.iter().position(|&t| t as usize >= vocab) {
+            Some(index) => Err(ForwardError::TokenOutOfRange {
+                index,
+                token: tokens[index],
+                vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl From<KvError> for ForwardError {
     fn from(e: KvError) -> Self {
         ForwardError::Kv(e)
@@ -448,19 +463,7 @@ impl Model {
     }
 
     fn check(&self, batch: &Batch) -> Result<(), ForwardError> {
-        let vocab = self.config.vocab_size;
-        if let Some((index, &token)) = batch
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, t)| **t as usize >= vocab)
-        {
-            return Err(ForwardError::TokenOutOfRange {
-                index,
-                token,
-                vocab,
-            });
-        }
+        ForwardError::check_tokens(&batch.tokens, self.config.vocab_size)?;
         let max = self.attention.rope.n_pos();
         if let Some((index, t)) = batch.at.iter().enumerate().find(|(_, t)| t.pos >= max) {
             return Err(ForwardError::PositionOutOfRange {
@@ -613,4 +616,23 @@ impl Model {
         Ok(&s.logits)
     }
     // ANCHOR_END: output
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ForwardError;
+
+    #[test]
+    fn the_first_token_outside_the_vocabulary_is_named() {
+        assert_eq!(ForwardError::check_tokens(&[0, 8, 3], 9), Ok(()));
+        assert_eq!(ForwardError::check_tokens(&[], 0), Ok(()));
+        assert_eq!(
+            ForwardError::check_tokens(&[1, 9, 12], 9),
+            Err(ForwardError::TokenOutOfRange {
+                index: 1,
+                token: 9,
+                vocab: 9
+            })
+        );
+    }
 }

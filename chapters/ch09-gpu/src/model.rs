@@ -306,19 +306,7 @@ impl GpuModel {
                 self.max_batch
             )));
         }
-        let vocab = self.config.vocab_size;
-        if let Some((index, &token)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, t)| **t as usize >= vocab)
-        {
-            return Err(ForwardError::TokenOutOfRange {
-                index,
-                token,
-                vocab,
-            }
-            .into());
-        }
+        ForwardError::check_tokens(tokens, self.config.vocab_size)?;
         let end = start_pos + tokens.len();
         if end > self.n_ctx {
             return Err(ForwardError::Kv(KvError::Full {
