@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# Chapter 12's server (`ch12`) in a container image.
+# The finished engine's server (`llm-rs serve`, chapter 12's server with every architecture) in a
+# container image.
 #
 #   docker build -t llm-rs .                            # the model is fetched at first start
 #   docker build -t llm-rs --build-arg BAKE_MODEL=1 .   # the model is inside the image
@@ -42,8 +43,8 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p ch12 --bin ch12 -p shared --bin fetch-model \
-    && install -D -m 0755 -t /out target/release/ch12 target/release/fetch-model
+    cargo build --release --locked -p ch13 --bin llm-rs -p shared --bin fetch-model \
+    && install -D -m 0755 -t /out target/release/llm-rs target/release/fetch-model
 
 # ---- model: fetched at build time, only built when BAKE_MODEL=1 ----
 FROM debian:bookworm-slim AS model
@@ -84,7 +85,7 @@ ENV LLM_RS_MODEL=/opt/llm-rs/SmolLM2-135M-Instruct.Q4_1.gguf
 # runtime-0 or runtime-1 is a stage of this file, not an image to tag (DL3006).
 # hadolint ignore=DL3006
 FROM runtime-${BAKE_MODEL}
-COPY --from=build /out/ch12 /out/fetch-model /usr/local/bin/
+COPY --from=build /out/llm-rs /out/fetch-model /usr/local/bin/
 # 0.0.0.0: inside a container the server must listen on every interface to be reachable.
 ENV LLM_RS_HOME=/models \
     LLM_RS_HOST=0.0.0.0 \
@@ -92,4 +93,4 @@ ENV LLM_RS_HOME=/models \
 VOLUME /models
 EXPOSE 8080
 USER 10001:10001
-ENTRYPOINT ["/usr/local/bin/ch12"]
+ENTRYPOINT ["/usr/local/bin/llm-rs", "serve"]

@@ -44,7 +44,7 @@ fn main() {
         ("default-model", model_config),
     ] {
         let bytes = b.build();
-        Config::from_gguf(&Gguf::parse(&bytes).unwrap()).unwrap();
+        Config::from_gguf(&Gguf::parse(&bytes).unwrap(), &["llama"]).unwrap();
         write(&dir, "config", name, &bytes);
     }
     for (name, b) in [("spm", spm_vocab()), ("default-model", model_vocab)] {

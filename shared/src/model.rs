@@ -201,9 +201,18 @@ pub fn ensure_cached(spec: &ModelSpec) -> Result<PathBuf, FetchError> {
         .write(true)
         .open(&lock_path)
         .map_err(io_err(format!("opening lock file {}", lock_path.display())))?;
-    eprintln!("llm-rs: waiting for the model lock {}", lock_path.display());
-    lock.lock()
-        .map_err(io_err(format!("locking {}", lock_path.display())))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            // Another process holds it: it is fetching the same file.
+            eprintln!("llm-rs: waiting for the model lock {}", lock_path.display());
+            lock.lock()
+                .map_err(io_err(format!("locking {}", lock_path.display())))?;
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(io_err(format!("locking {}", lock_path.display()))(e));
+        }
+    }
     if dest.is_file() {
         return Ok(dest);
     }

@@ -76,7 +76,9 @@ fn main() -> ExitCode {
     println!("  {params} parameters in {total} bytes");
 
     println!("\nconfig:");
-    match Config::from_gguf(g) {
+    // Every architecture names the common keys as llama does, so read them whatever it is.
+    let arch = g.architecture().unwrap_or("llama");
+    match Config::from_gguf(g, &[arch]) {
         Ok(c) => print!("{c}"),
         Err(e) => println!("  (none: {e})"),
     }

@@ -6,9 +6,6 @@
 use crate::gguf::{Gguf, GgufError};
 use std::fmt;
 
-/// Architectures this engine runs.
-pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
-
 /// Positions a run holds when it does not ask for a context size: llama.cpp's default
 /// (`--ctx-size 4096`), or the model's own context if that is shorter. A file's
 /// `context_length` is what the model was trained on, not what a run needs; sizing the RoPE
@@ -89,8 +86,12 @@ pub enum RopeStyle {
 /// Why a [`Config`] could not be built.
 #[derive(Debug)]
 pub enum ConfigError {
-    /// `general.architecture` names an architecture this engine does not run.
-    UnsupportedArch(String),
+    /// `general.architecture` names an architecture outside the set the caller runs.
+    UnsupportedArch {
+        arch: String,
+        /// The architectures the caller runs.
+        supported: Vec<String>,
+    },
     /// A required key is missing.
     MissingKey(String),
     /// A key has the wrong type, or a value out of range for it.
@@ -102,10 +103,10 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::UnsupportedArch(a) => write!(
+            ConfigError::UnsupportedArch { arch, supported } => write!(
                 f,
-                "architecture {a:?} is not supported (supported: {})",
-                SUPPORTED_ARCHS.join(", ")
+                "architecture {arch:?} is not supported (supported: {})",
+                supported.join(", ")
             ),
             ConfigError::MissingKey(k) => write!(f, "required metadata key {k:?} is missing"),
             ConfigError::BadValue(e) => e.fmt(f),
@@ -194,21 +195,20 @@ impl Keys<'_> {
 
 impl Config {
     // ANCHOR: from_gguf
-    /// Read the hyperparameters of a supported architecture from `gguf`'s metadata.
-    pub fn from_gguf(gguf: &Gguf) -> Result<Config, ConfigError> {
+    /// Read the hyperparameters from `gguf`'s metadata, if its architecture is one of
+    /// `supported` (the caller's: chapter 1 reads `&["llama"]`, the engine passes the names of
+    /// the architectures it can run). Every architecture names these keys as llama does
+    /// (`{arch}.block_count`, …); one with keys of its own reads them on top. RoPE's style is
+    /// left at `Normal`; an architecture that rotates halves sets it.
+    pub fn from_gguf(gguf: &Gguf, supported: &[&str]) -> Result<Config, ConfigError> {
         let arch = gguf.architecture()?;
-        if !SUPPORTED_ARCHS.contains(&arch) {
-            return Err(ConfigError::UnsupportedArch(arch.to_string()));
+        if !supported.contains(&arch) {
+            return Err(ConfigError::UnsupportedArch {
+                arch: arch.to_string(),
+                supported: supported.iter().map(|s| s.to_string()).collect(),
+            });
         }
         Config::read(gguf, arch)
-    }
-
-    /// The same hyperparameters for any architecture that names them as llama does
-    /// (`{arch}.block_count`, …), without asking whether this engine runs it: for a later
-    /// chapter that adds a model family, which checks the architecture itself and reads its
-    /// own keys on top. RoPE's style is left at `Normal`; a family that rotates halves sets it.
-    pub fn from_gguf_any(gguf: &Gguf) -> Result<Config, ConfigError> {
-        Config::read(gguf, gguf.architecture()?)
     }
 
     fn read(gguf: &Gguf, arch: &str) -> Result<Config, ConfigError> {

@@ -483,14 +483,14 @@ fn open_names_the_file() {
 #[test]
 fn config_errors_name_the_key_or_architecture() {
     let g = Gguf::parse(&sample().build()).unwrap();
-    let e = Config::from_gguf(&g).unwrap_err();
+    let e = Config::from_gguf(&g, &["llama"]).unwrap_err();
     assert_eq!(
         e.to_string(),
         "required metadata key \"llama.block_count\" is missing"
     );
 
     let qwen = Builder::new().kv("general.architecture", Value::String("qwen2".into()));
-    let e = Config::from_gguf(&Gguf::parse(&qwen.build()).unwrap()).unwrap_err();
+    let e = Config::from_gguf(&Gguf::parse(&qwen.build()).unwrap(), &["llama"]).unwrap_err();
     assert!(
         e.to_string()
             .contains("architecture \"qwen2\" is not supported"),
@@ -500,7 +500,7 @@ fn config_errors_name_the_key_or_architecture() {
     let b = Builder::new()
         .kv("general.architecture", Value::String("llama".into()))
         .kv("llama.block_count", Value::String("thirty".into()));
-    let e = Config::from_gguf(&Gguf::parse(&b.build()).unwrap()).unwrap_err();
+    let e = Config::from_gguf(&Gguf::parse(&b.build()).unwrap(), &["llama"]).unwrap_err();
     assert!(
         e.to_string()
             .contains("\"llama.block_count\": expected an integer"),

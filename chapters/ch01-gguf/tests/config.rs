@@ -27,7 +27,7 @@ fn minimal() -> Builder {
 }
 
 fn config(b: Builder) -> Result<Config, ConfigError> {
-    Config::from_gguf(&Gguf::parse(&b.build()).unwrap())
+    Config::from_gguf(&Gguf::parse(&b.build()).unwrap(), &["llama"])
 }
 
 #[test]
@@ -305,7 +305,7 @@ mod fuzz {
                 }
             }
             let Ok(g) = Gguf::parse(&b.build()) else { return Ok(()) };
-            match Config::from_gguf(&g) {
+            match Config::from_gguf(&g, &["llama"]) {
                 Err(e) => prop_assert!(!e.to_string().is_empty()),
                 Ok(c) => {
                     prop_assert!(c.n_layer >= 1 && c.d_model >= 1 && c.n_ff >= 1);
@@ -330,6 +330,6 @@ mod fuzz {
 #[test]
 fn fuzz_regression_head_width_products_that_overflow() {
     let bytes = include_bytes!("../../../fuzz/regressions/config/kv-dim-overflow");
-    let e = Config::from_gguf(&Gguf::parse(bytes).unwrap()).unwrap_err();
+    let e = Config::from_gguf(&Gguf::parse(bytes).unwrap(), &["llama"]).unwrap_err();
     assert!(e.to_string().contains("overflow"), "{e}");
 }

@@ -40,7 +40,7 @@ fn f32_from_bits_hex(hex: &Json) -> f32 {
 
 #[test]
 fn config_equals_llama_cpp() {
-    let c = Config::from_gguf(model()).unwrap();
+    let c = Config::from_gguf(model(), &["llama"]).unwrap();
     let f = facts();
     let api = &f["llama_api"];
     assert_eq!(c.arch, "llama");

@@ -56,7 +56,7 @@ fn llama_vocab_files_give_a_config_and_others_name_their_architecture() {
     for path in vocab_files() {
         let f = GgufFile::open(&path).unwrap();
         let arch = f.architecture().unwrap().to_string();
-        match Config::from_gguf(&f) {
+        match Config::from_gguf(&f, &["llama"]) {
             Ok(c) => {
                 assert_eq!(arch, "llama");
                 let tokens = f.get_array("tokenizer.ggml.tokens").unwrap().len();
@@ -66,7 +66,7 @@ fn llama_vocab_files_give_a_config_and_others_name_their_architecture() {
                 assert!(c.tied_embeddings, "no tensors, so no output.weight");
                 llama += 1;
             }
-            Err(ConfigError::UnsupportedArch(a)) => assert_eq!(a, arch),
+            Err(ConfigError::UnsupportedArch { arch: a, .. }) => assert_eq!(a, arch),
             Err(e) => panic!("{}: {e}", path.display()),
         }
     }

@@ -14,7 +14,7 @@
 //! three times smaller than with one KV head per query head.
 
 use crate::compute::{AttentionOps, AttnScratch, Scalar};
-use crate::kv::{KvError, KvStore, KvView};
+use crate::kv::{KvDyn, KvError, KvStore, KvView};
 use crate::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
 use crate::observe::Observer;
 use crate::rope::{RopeScale, RopeTable};
@@ -292,8 +292,12 @@ impl Attention {
     /// `kv` must already have room for the tokens (see [`KvStore::reserve`]). RoPE and the
     /// attention itself run through `ops` (the scalar reference, or a faster one); `s` holds
     /// the buffers, reused from call to call.
+    ///
+    /// It is five steps, each its own method, so that an architecture whose attention differs
+    /// in one step (norms on the queries and keys between projecting and rotating, say) runs
+    /// the other four as they are.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_with<K: KvStore>(
+    pub fn forward_with(
         &self,
         ops: &dyn AttentionOps,
         s: &mut AttnScratch,
@@ -301,77 +305,117 @@ impl Attention {
         layer: usize,
         x: &[f32],
         tokens: &[TokenPos],
-        kv: &mut K,
+        kv: &mut dyn KvDyn,
         obs: &mut dyn Observer,
         out: &mut [f32],
     ) {
-        let n = tokens.len();
-        let (hd, qd, kvd) = (self.head_dim, self.q_dim(), self.kv_dim());
+        self.project(w, x, tokens.len(), s); // q, k, v
+        self.rotate(ops, s, tokens);
+        self.store(layer, tokens, s, kv);
+        self.attend_runs(ops, layer, tokens, s, kv, obs); // s.attn
+        self.project_out(w, s, out);
+        self.observe(layer, s, out, obs);
+    }
+    // ANCHOR_END: forward
+
+    // ANCHOR: parts
+    /// Step 1: the projections of `x` (`(n, d_model)`) into `s.q` (`(n, n_head, head_dim)`),
+    /// `s.k` and `s.v` (`(n, n_head_kv, head_dim)`), with the biases the layer has.
+    pub fn project(&self, w: &AttentionWeights, x: &[f32], n: usize, s: &mut AttnScratch) {
         s.fit(self, n);
-        let (q, k, v, attn) = (&mut s.q, &mut s.k, &mut s.v, &mut s.attn);
-        w.wq.matmul(x, q); // (n, n_head, head_dim)
-        w.wk.matmul(x, k); // (n, n_head_kv, head_dim)
-        w.wv.matmul(x, v); // (n, n_head_kv, head_dim)
-        add_bias(q, &w.bias.q);
-        add_bias(k, &w.bias.k);
-        add_bias(v, &w.bias.v);
-        ops.rope(&self.rope, q, hd, tokens);
-        ops.rope(&self.rope, k, hd, tokens);
+        w.wq.matmul(x, &mut s.q); // (n, n_head, head_dim)
+        w.wk.matmul(x, &mut s.k); // (n, n_head_kv, head_dim)
+        w.wv.matmul(x, &mut s.v); // (n, n_head_kv, head_dim)
+        add_bias(&mut s.q, &w.bias.q);
+        add_bias(&mut s.k, &w.bias.k);
+        add_bias(&mut s.v, &w.bias.v);
+    }
+
+    /// Step 2: RoPE on the queries and keys of `s`, each token by its position.
+    pub fn rotate(&self, ops: &dyn AttentionOps, s: &mut AttnScratch, tokens: &[TokenPos]) {
+        ops.rope(&self.rope, &mut s.q, self.head_dim, tokens);
+        ops.rope(&self.rope, &mut s.k, self.head_dim, tokens);
+    }
+
+    /// Step 3: every token's key and value into `kv` at its sequence and position.
+    pub fn store(&self, layer: usize, tokens: &[TokenPos], s: &AttnScratch, kv: &mut dyn KvDyn) {
+        let kvd = self.kv_dim();
         for (i, t) in tokens.iter().enumerate() {
             let r = i * kvd..(i + 1) * kvd;
-            kv.store(layer, t.seq, t.pos, &k[r.clone()], &v[r]);
+            kv.store_kv(layer, t.seq, t.pos, &s.k[r.clone()], &s.v[r]);
         }
+    }
 
+    /// Step 4: each query of `s.q` attends to the positions of its sequence it may see, into
+    /// `s.attn` (`(n, n_head * head_dim)`).
+    pub fn attend_runs(
+        &self,
+        ops: &dyn AttentionOps,
+        layer: usize,
+        tokens: &[TokenPos],
+        s: &mut AttnScratch,
+        kv: &dyn KvDyn,
+        obs: &mut dyn Observer,
+    ) {
+        let (q, attn) = (&s.q, &mut s.attn);
         if obs.enabled() {
             // Observing needs every attention weight (`kq_soft_max`), which only the reference
             // materialises: run it, and report.
-            self.attend_observed(layer, q, tokens, kv, obs, attn);
-        } else {
-            // One call per run of consecutive tokens of the same sequence: a prompt is one
-            // run; chapter 7's batches have one run per sequence.
-            let mut i = 0;
-            while i < n {
-                let seq = tokens[i].seq;
-                let j = i + tokens[i..].iter().take_while(|t| t.seq == seq).count();
-                let view = kv.view(layer, seq);
-                ops.attend(
-                    self,
-                    &q[i * qd..j * qd],
-                    &tokens[i..j],
-                    &view,
-                    &mut attn[i * qd..j * qd],
-                );
-                i = j;
-            }
+            return self.attend_observed(layer, q, tokens, kv, obs, attn);
         }
-        w.wo.matmul(attn, out);
-        add_bias(out, &w.bias.o);
-
-        if obs.enabled() {
-            obs.observe(&format!("Qcur-{layer}"), &[n, self.n_head, hd], q);
-            obs.observe(&format!("Kcur-{layer}"), &[n, self.n_head_kv, hd], k);
-            obs.observe(&format!("Vcur-{layer}"), &[n, self.n_head_kv, hd], v);
-            obs.observe(&format!("kqv_out-{layer}"), &[n, qd], attn);
-            obs.observe(
-                &format!("attn_out-{layer}"),
-                &[n, out.len() / n.max(1)],
-                out,
-            );
+        // One call per run of consecutive tokens of the same sequence: a prompt is one run;
+        // chapter 7's batches have one run per sequence.
+        let (n, qd) = (tokens.len(), self.q_dim());
+        let mut i = 0;
+        while i < n {
+            let seq = tokens[i].seq;
+            let j = i + tokens[i..].iter().take_while(|t| t.seq == seq).count();
+            let (q, out) = (&q[i * qd..j * qd], &mut attn[i * qd..j * qd]);
+            kv.with_view(layer, seq, &mut |view| {
+                ops.attend(self, q, &tokens[i..j], view, out)
+            });
+            i = j;
         }
     }
+
+    /// Step 5: the output projection of the heads' outputs `s.attn` into `out`
+    /// (`(n, d_model)`), with its bias if the layer has one.
+    pub fn project_out(&self, w: &AttentionWeights, s: &AttnScratch, out: &mut [f32]) {
+        w.wo.matmul(&s.attn, out);
+        add_bias(out, &w.bias.o);
+    }
+    // ANCHOR_END: parts
+
+    /// Report the block's tensors by llama.cpp's names (`Qcur`, `Kcur`, `Vcur` as rotated,
+    /// `kqv_out`, `attn_out`).
+    pub fn observe(&self, layer: usize, s: &AttnScratch, out: &[f32], obs: &mut dyn Observer) {
+        if !obs.enabled() {
+            return;
+        }
+        let (hd, qd) = (self.head_dim, self.q_dim());
+        let n = s.q.len() / qd.max(1);
+        obs.observe(&format!("Qcur-{layer}"), &[n, self.n_head, hd], &s.q);
+        obs.observe(&format!("Kcur-{layer}"), &[n, self.n_head_kv, hd], &s.k);
+        obs.observe(&format!("Vcur-{layer}"), &[n, self.n_head_kv, hd], &s.v);
+        obs.observe(&format!("kqv_out-{layer}"), &[n, qd], &s.attn);
+        obs.observe(
+            &format!("attn_out-{layer}"),
+            &[n, out.len() / n.max(1)],
+            out,
+        );
+    }
 }
-// ANCHOR_END: forward
 
 impl Attention {
     /// [`Attention::forward_with`] on the scalar reference, with buffers of its own.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward<K: KvStore>(
+    pub fn forward(
         &self,
         w: &AttentionWeights,
         layer: usize,
         x: &[f32],
         tokens: &[TokenPos],
-        kv: &mut K,
+        kv: &mut dyn KvDyn,
         obs: &mut dyn Observer,
         out: &mut [f32],
     ) {
@@ -381,12 +425,12 @@ impl Attention {
 
     /// The reference attention of every token, reporting the attention weights of all heads
     /// as `kq_soft_max-{layer}` (`(n_head, n, n_kv)`, zero where a query sees nothing).
-    fn attend_observed<K: KvStore>(
+    fn attend_observed(
         &self,
         layer: usize,
         q: &[f32],
         tokens: &[TokenPos],
-        kv: &K,
+        kv: &dyn KvDyn,
         obs: &mut dyn Observer,
         attn: &mut [f32],
     ) {
@@ -395,21 +439,22 @@ impl Attention {
         let mut all_probs = vec![0.0; self.n_head * n * n_kv]; // (n_head, n, n_kv)
         let mut probs = Vec::new(); // (n_head, n_visible) scratch
         for (i, t) in tokens.iter().enumerate() {
-            let view = kv.view(layer, t.seq);
-            let visible = self.visible(t.pos, view.first());
-            probs.resize(self.n_head * visible.len(), 0.0);
-            self.attend(
-                &q[i * qd..(i + 1) * qd],
-                &view,
-                visible.clone(),
-                &mut probs,
-                &mut attn[i * qd..(i + 1) * qd],
-            );
-            for h in 0..self.n_head {
-                let row = &mut all_probs[(h * n + i) * n_kv..(h * n + i + 1) * n_kv];
-                row[visible.clone()]
-                    .copy_from_slice(&probs[h * visible.len()..(h + 1) * visible.len()]);
-            }
+            kv.with_view(layer, t.seq, &mut |view| {
+                let visible = self.visible(t.pos, view.first());
+                probs.resize(self.n_head * visible.len(), 0.0);
+                self.attend(
+                    &q[i * qd..(i + 1) * qd],
+                    view,
+                    visible.clone(),
+                    &mut probs,
+                    &mut attn[i * qd..(i + 1) * qd],
+                );
+                for h in 0..self.n_head {
+                    let row = &mut all_probs[(h * n + i) * n_kv..(h * n + i + 1) * n_kv];
+                    row[visible.clone()]
+                        .copy_from_slice(&probs[h * visible.len()..(h + 1) * visible.len()]);
+                }
+            });
         }
         obs.observe(
             &format!("kq_soft_max-{layer}"),

@@ -54,9 +54,9 @@ pub trait KvStore {
 // ANCHOR_END: traits
 
 /// [`KvStore`] as a trait object: `store` and a view lent to a callback instead of returned (a
-/// view's type differs per store). Every `KvStore` is one. A model family added in a later
-/// chapter runs its blocks through `&mut dyn KvDyn`, since a trait object's methods cannot be
-/// generic over the store.
+/// view's type differs per store). Every `KvStore` is one. Attention's steps take the store
+/// this way, so that code behind a trait object — a model's blocks, whose methods cannot be
+/// generic over the store — can pass whichever store it is given.
 pub trait KvDyn {
     /// [`KvStore::store`].
     fn store_kv(&mut self, layer: usize, seq: usize, pos: usize, k: &[f32], v: &[f32]);

@@ -26,7 +26,7 @@ const LAYERS: [usize; 4] = [0, 1, 15, 29];
 #[test]
 fn attention_matches_llama_cpp_for_every_prompt() {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    let cfg = Config::from_gguf(&file.gguf).unwrap();
+    let cfg = Config::from_gguf(&file.gguf, &["llama"]).unwrap();
     let att = Attention::new(&cfg, cfg.default_context()).unwrap();
     let manifest = refdata::manifest().unwrap_or_else(|e| panic!("{e}"));
     let prompts = manifest["prompts"]

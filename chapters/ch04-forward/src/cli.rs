@@ -22,6 +22,26 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Generate text with a GGUF model.
+/// The default `--threads`: the machine's physical cores (llama.cpp's
+/// `cpu_get_num_physical_cores`: one per distinct set of hardware-thread siblings in
+/// `/sys/devices/system/cpu`), at most the cores this process may run on, and those where the
+/// topology is not there to read.
+pub fn default_threads() -> usize {
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut siblings = std::collections::BTreeSet::new();
+    for cpu in 0.. {
+        let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings");
+        match std::fs::read_to_string(path) {
+            Ok(s) => siblings.insert(s.trim().to_string()),
+            Err(_) => break,
+        };
+    }
+    match siblings.len() {
+        0 => available,
+        n => n.min(available),
+    }
+}
+
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
     /// GGUF model file (default: the default model, fetched on first use).
@@ -50,8 +70,9 @@ pub struct Args {
     /// Random seed (default: from the clock; printed so a run can be repeated).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Threads (used from chapter 8 on).
-    #[arg(long, short = 't', default_value_t = 1)]
+    /// Threads (used from chapter 8 on); by default the machine's physical cores, as
+    /// llama.cpp chooses.
+    #[arg(long, short = 't', default_value_t = default_threads())]
     pub threads: usize,
     /// Context size: positions a run holds (default: 4096, or the model's context if
     /// shorter).

@@ -1,16 +1,17 @@
 //! Chapter 4: the whole model, and the first text it writes.
 //!
 //! What this chapter adds to chapter 3:
-//! - [`layer`]: RMSNorm, the SwiGLU feed-forward block, one transformer block's weights.
-//! - [`compute`]: [`Compute`], chapter 3's compute seam extended with RMSNorm, the SwiGLU gate
-//!   and the residual add (their scalar code is the default), and [`Scratch`], the buffers a
-//!   forward pass reuses so that a decode step allocates nothing.
-//! - [`family`]: the seam through which chapter 13 adds architectures other than llama: a
-//!   [`Family`] runs its own blocks between the embeddings and the output, and a registry maps
-//!   `general.architecture` to the loader [`Model::load`] calls.
-//! - [`model`]: token embeddings, the stack of blocks with their residual connections, the
-//!   final norm and the output projection (tied to the embeddings when the file has no
-//!   `output.weight`), and [`Model::forward`] over a [`Batch`] of tokens.
+//! - [`compute`]: RMSNorm and the gate activations (SiLU, GELU), and [`Compute`], chapter 3's
+//!   compute seam extended with RMSNorm, the feed-forward gate and the residual add (their
+//!   scalar code is the default); [`Scratch`], the buffers a forward pass reuses so that a
+//!   decode step allocates nothing.
+//! - [`layer`]: the gated feed-forward block, one transformer block's weights.
+//! - [`arch`]: architectures as values: the [`Blocks`] trait a model's layers implement, and
+//!   [`Architectures`], the set of architectures [`Model::load`] is given.
+//! - [`llama`]: llama, the first architecture: its blocks and its loader.
+//! - [`model`]: token embeddings, the architecture's blocks, the final norm and the output
+//!   projection (tied to the embeddings when the file has no `output.weight`), and
+//!   [`Model::forward`] over a [`Batch`] of tokens.
 //! - [`sampling`]: greedy, temperature, top-k, top-p, min-p and repetition penalty, chained in
 //!   llama.cpp's default order, with a seeded random number generator.
 //! - [`generate`]: one step of generation ([`Generator`]: sample, stream the text through
@@ -24,16 +25,18 @@
 //! the same [`Session`] trait. Weights are f32 ([`ch03::DenseLoader`]); chapter 6 keeps them
 //! quantized through the same [`ch03::MatrixLoader`] trait.
 
+pub mod arch;
+pub mod batch;
 pub mod cli;
 pub mod compute;
-pub mod family;
 pub mod generate;
 pub mod layer;
+pub mod llama;
 pub mod model;
 pub mod sampling;
 
-pub use compute::{Compute, Scratch};
-pub use family::{Family, FamilyInfo, LoadFamily};
+pub use arch::{Architecture, Architectures, Blocks, Ctx, LoadBlocks, architectures};
+pub use compute::{Activation, Compute, Scratch};
 
 /// How far our hidden states (each layer's output) may be from llama.cpp's on the f32 path.
 /// Both sides compute in f32 but sum in different orders, and each layer passes its rounding
@@ -45,9 +48,7 @@ pub const HIDDEN_TOL: shared::Tolerance = shared::Tolerance::new(1e-3, 1e-4);
 pub use generate::{
     GenParams, Generation, Generator, Session, StopFilter, StopReason, Uncached, generate,
 };
-pub use model::{
-    Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_all_used, check_context,
-};
+pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_context};
 pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
 
 /// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".

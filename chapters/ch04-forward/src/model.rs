@@ -1,91 +1,35 @@
 //! The model: embeddings, the stack of transformer blocks, the final norm and the output
 //! projection, and a forward pass over a batch of tokens.
 
+use crate::arch::{Architectures, Blocks, Ctx};
+pub use crate::batch::Batch;
 use crate::compute::{Compute, Scratch};
-use crate::family::{self, Family};
-use crate::layer::LayerWeights;
 use ch03::attention::reserve_batch_with;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
-use ch03::{Attention, Config, GgufFile, KvError, KvStore, Observer, TokenPos};
+use ch03::{Attention, Config, GgufFile, KvError, KvStore, Observer};
 use shared::memory::{TooLarge, checked_bytes};
 use std::fmt;
 use std::sync::Arc;
 
-/// All weights of a llama model.
+/// The weights of the model's frame, around its blocks (which hold their own).
 pub struct Weights {
     pub token_embd: Box<dyn Matrix>, // (vocab, d_model)
-    /// Llama's blocks (`n_layer`); empty for a model whose [`Family`] holds its own.
-    pub layers: Vec<LayerWeights>,
-    pub output_norm: Vec<f32>, // (d_model)
+    pub output_norm: Vec<f32>,       // (d_model)
     /// `(vocab, d_model)`; `None` when the output projection is tied to `token_embd`.
     pub output: Option<Box<dyn Matrix>>,
 }
 
-/// A llama model ready to run.
+/// A model ready to run: the frame (embeddings, final norm, output projection) around the
+/// blocks of its architecture.
 pub struct Model {
     pub config: Config,
     pub attention: Attention,
     pub weights: Weights,
+    /// The architecture's blocks ([`crate::llama::Llama`] for a llama file).
+    pub blocks: Box<dyn Blocks>,
     /// How the non-product work runs: the scalar reference unless a later chapter hands in
     /// its own ([`Model::with_compute`]).
     pub compute: Arc<dyn Compute>,
-    /// The blocks of another architecture, run instead of llama's (chapter 13); `None` for
-    /// llama.
-    pub family: Option<Box<dyn Family>>,
-}
-
-/// The tokens of one forward pass: which sequence each belongs to, at which position, and
-/// whether its logits are wanted. This is llama.cpp's `llama_batch`. Until chapter 7 a batch
-/// holds one sequence.
-#[derive(Debug, Clone, Default)]
-pub struct Batch {
-    pub tokens: Vec<u32>,
-    pub at: Vec<TokenPos>,
-    pub logits: Vec<bool>,
-}
-
-impl Batch {
-    /// `tokens` of sequence `seq` at positions `start..`, with logits for the last token only
-    /// (or for every token when `all_logits`).
-    pub fn sequence(seq: usize, tokens: &[u32], start: usize, all_logits: bool) -> Batch {
-        let n = tokens.len();
-        Batch {
-            tokens: tokens.to_vec(),
-            at: TokenPos::run(seq, start, n),
-            logits: (0..n).map(|i| all_logits || i + 1 == n).collect(),
-        }
-    }
-
-    /// Make this batch `tokens` of `seq` at `start..`, as [`Batch::sequence`] does, reusing
-    /// its buffers.
-    pub fn set_sequence(&mut self, seq: usize, tokens: &[u32], start: usize, all_logits: bool) {
-        self.clear();
-        for (i, &t) in tokens.iter().enumerate() {
-            self.push(t, seq, start + i, all_logits || i + 1 == tokens.len());
-        }
-    }
-
-    /// Remove every token (keeps the buffers).
-    pub fn clear(&mut self) {
-        self.tokens.clear();
-        self.at.clear();
-        self.logits.clear();
-    }
-
-    /// Append one token.
-    pub fn push(&mut self, token: u32, seq: usize, pos: usize, logits: bool) {
-        self.tokens.push(token);
-        self.at.push(TokenPos { seq, pos });
-        self.logits.push(logits);
-    }
-
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
 }
 
 /// Why a forward pass did not run. It checks everything before computing, so nothing is
@@ -259,52 +203,6 @@ impl Observer for FirstNonFinite {
     }
 }
 
-/// Refuse a file with a tensor our llama blocks do not use: one llama.cpp's llama graph can use
-/// and ours does not (a fused QKV matrix, biases of the feed-forward network), or one nothing
-/// uses. Running without it would compute another model.
-pub fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
-    const GLOBAL: [&str; 4] = [
-        "token_embd.weight",
-        "output_norm.weight",
-        "output.weight",
-        "rope_freqs.weight",
-    ];
-    const LAYER: [&str; 13] = [
-        "attn_norm.weight",
-        "attn_q.weight",
-        "attn_k.weight",
-        "attn_v.weight",
-        "attn_output.weight",
-        "attn_q.bias",
-        "attn_k.bias",
-        "attn_v.bias",
-        "attn_output.bias",
-        "ffn_norm.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-    ];
-    let used = |name: &str| {
-        GLOBAL.contains(&name)
-            || name
-                .strip_prefix("blk.")
-                .and_then(|rest| rest.split_once('.'))
-                .is_some_and(|(layer, t)| {
-                    layer
-                        .parse::<usize>()
-                        .is_ok_and(|l| l < cfg.n_layer && l.to_string() == layer)
-                        && LAYER.contains(&t)
-                })
-    };
-    match file.gguf.tensors.iter().find(|t| !used(&t.name)) {
-        Some(t) => Err(LoadError::Other(format!(
-            "tensor {:?} is not one the {} blocks use: this engine cannot run the file",
-            t.name, cfg.arch
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Refuse a context of `n_ctx` positions that is out of range for `cfg`, or whose RoPE table
 /// or f32 KV cache would not fit in memory.
 pub fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
@@ -341,44 +239,32 @@ pub fn check_context(cfg: &Config, n_ctx: usize) -> Result<(), ContextError> {
 }
 
 impl Model {
-    /// Build the model from a GGUF file, each weight matrix made by `loader`.
+    // ANCHOR: load
+    /// Build the model of a GGUF file whose architecture is one of `archs`, each weight matrix
+    /// made by `loader`: the architecture's loader reads the configuration and builds the
+    /// blocks, and the frame is loaded around them.
     pub fn load<B: AsRef<[u8]>>(
         file: &GgufFile<B>,
         loader: &dyn MatrixLoader,
+        archs: &Architectures,
     ) -> Result<Model, LoadError> {
-        // Another architecture is built by its family's loader, if one is registered.
-        let arch = file
-            .gguf
-            .architecture()
-            .map_err(|e| LoadError::Other(e.to_string()))?;
-        if arch != "llama" {
-            return match family::lookup(arch) {
-                Some(f) => (f.load)(&file.borrowed(), loader),
-                None => Err(LoadError::Other(format!(
-                    "architecture {arch:?} is not supported (supported: {})",
-                    family::supported().join(", ")
-                ))),
-            };
-        }
-        let config = Config::from_gguf(&file.gguf).map_err(|e| LoadError::Other(e.to_string()))?;
-        Model::load_llama(file, loader, config)
+        let arch = archs.of(&file.gguf)?;
+        let (config, blocks) = (arch.load)(&file.borrowed(), loader)?;
+        Model::assemble(file, loader, config, blocks)
     }
 
-    /// A model that runs llama's blocks, with `config` read from `file` by the caller: llama
-    /// itself, or a family that differs only in its metadata (chapter 13's Qwen2 rotates
-    /// halves). Every tensor of the file must be one these blocks use, as llama.cpp insists.
-    pub fn load_llama<B: AsRef<[u8]>>(
+    /// The frame of the model — token embeddings, final norm, output projection (tied to the
+    /// embeddings when the file has no `output.weight`), attention with its RoPE table — around
+    /// `blocks`, for `config`.
+    pub fn assemble<B: AsRef<[u8]>>(
         file: &GgufFile<B>,
         loader: &dyn MatrixLoader,
         config: Config,
+        mut blocks: Box<dyn Blocks>,
     ) -> Result<Model, LoadError> {
         let (d, vocab) = (config.d_model, config.vocab_size);
-        let layers = (0..config.n_layer)
-            .map(|l| LayerWeights::load(file, loader, &config, l))
-            .collect::<Result<Vec<_>, _>>()?;
         let weights = Weights {
             token_embd: load_matrix(file, loader, "token_embd.weight", d, vocab)?,
-            layers,
             output_norm: load_vector(file, "output_norm.weight", d)?,
             output: if config.tied_embeddings {
                 None
@@ -386,20 +272,21 @@ impl Model {
                 Some(load_matrix(file, loader, "output.weight", d, vocab)?)
             },
         };
-        check_all_used(file, &config)?;
         // After the weights, whose shapes have confirmed the widths the metadata states: the
         // RoPE table is sized by them and by the run's context, not by the file's claim.
         let n_ctx = config.default_context();
         check_context(&config, n_ctx).map_err(|e| LoadError::Other(e.to_string()))?;
-        let attention = Attention::load(file, &config, n_ctx)?;
+        let mut attention = Attention::load(file, &config, n_ctx)?;
+        blocks.set_context(&config, n_ctx, &mut attention)?;
         Ok(Model {
             config,
             attention,
             weights,
+            blocks,
             compute: Arc::new(ch03::Scalar),
-            family: None,
         })
     }
+    // ANCHOR_END: load
 
     /// The same model with its non-product work run by `compute`.
     pub fn with_compute(mut self, compute: Arc<dyn Compute>) -> Model {
@@ -407,13 +294,14 @@ impl Model {
         self
     }
 
-    /// The types of the weights, for diagnostics: those of the first block's query projection.
+    /// The types of the weights, for diagnostics, as the blocks describe them.
     pub fn describe_weights(&self) -> String {
-        match (&self.family, self.weights.layers.first()) {
-            (Some(f), _) => f.describe(),
-            (None, Some(l)) => l.attn.wq.describe(),
-            (None, None) => self.weights.token_embd.describe(),
-        }
+        self.blocks.describe()
+    }
+
+    /// The blocks as their concrete type `B` (e.g. [`crate::llama::Llama`]), if they are one.
+    pub fn blocks_as<B: Blocks>(&self) -> Option<&B> {
+        self.blocks.downcast_ref()
     }
 
     /// The output projection: `output.weight`, or the token embeddings when tied.
@@ -437,10 +325,9 @@ impl Model {
         check_context(&self.config, n_ctx)?;
         if n_ctx != self.n_ctx() {
             self.attention.rope.resize(n_ctx);
-            if let Some(f) = &mut self.family {
-                f.set_context(&self.config, n_ctx, &mut self.attention)
-                    .expect("the configuration was accepted when the model loaded");
-            }
+            self.blocks
+                .set_context(&self.config, n_ctx, &mut self.attention)
+                .expect("the configuration was accepted when the model loaded");
         }
         Ok(())
     }
@@ -512,57 +399,15 @@ impl Model {
         if obs.enabled() {
             obs.observe("inp_embd", &[n, d], &s.x);
         }
-        if let Some(family) = &self.family {
-            // Another architecture's blocks (chapter 13).
-            family.blocks(self, batch, kv, obs, s);
-        } else {
-            self.llama_blocks(batch, kv, obs, s);
-        }
+        let ctx = Ctx {
+            config: &self.config,
+            attention: &self.attention,
+            compute: &*self.compute,
+        };
+        self.blocks.forward(&ctx, batch, kv, obs, s);
         self.output_logits(batch, obs, s)
     }
     // ANCHOR_END: forward
-
-    // ANCHOR: blocks
-    /// Llama's blocks over the residual stream `s.x` (`(n, d_model)`), in place.
-    fn llama_blocks<K: KvStore>(
-        &self,
-        batch: &Batch,
-        kv: &mut K,
-        obs: &mut dyn Observer,
-        s: &mut Scratch,
-    ) {
-        let (cfg, ops) = (&self.config, &*self.compute);
-        let (n, d) = (batch.len(), cfg.d_model);
-        let (x, h, y) = (&mut s.x, &mut s.h, &mut s.y);
-        // ANCHOR: yours_layers
-        for (l, w) in self.weights.layers.iter().enumerate() {
-            ops.rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, h);
-            if obs.enabled() {
-                obs.observe(&format!("attn_norm-{l}"), &[n, d], h);
-            }
-            self.attention
-                .forward_with(ops, &mut s.attn, &w.attn, l, h, &batch.at, kv, obs, y);
-            ops.add(x, y); // residual connection
-            if obs.enabled() {
-                obs.observe(&format!("ffn_inp-{l}"), &[n, d], x);
-            }
-            ops.rms_norm(x, &w.ffn_norm, cfg.rms_norm_eps, h);
-            if obs.enabled() {
-                obs.observe(&format!("ffn_norm-{l}"), &[n, d], h);
-            }
-            w.ffn
-                .forward_with(ops, &mut s.gate, &mut s.up, l, h, obs, y);
-            if obs.enabled() {
-                obs.observe(&format!("ffn_out-{l}"), &[n, d], y);
-            }
-            ops.add(x, y); // residual connection
-            if obs.enabled() {
-                obs.observe(&format!("l_out-{l}"), &[n, d], x);
-            }
-        }
-        // ANCHOR_END: yours_layers
-    }
-    // ANCHOR_END: blocks
 
     // ANCHOR: output
     /// The final norm and the output projection of the rows of `s.x` whose logits `batch`
@@ -593,9 +438,7 @@ impl Model {
         );
         s.logits.resize(n_out * cfg.vocab_size, 0.0); // (n_out, vocab)
         self.output().matmul(&s.normed, &mut s.logits);
-        if let Some(family) = &self.family {
-            family.finish_logits(&mut s.logits);
-        }
+        self.blocks.finish_logits(&mut s.logits);
         // A NaN in the residual stream must reach the logits, where generation looks for it
         // (`NonFinite`); a quantized product could hide it, since quantizing activations to
         // Q8 turns NaN into 0. Checking d_model values per row costs nothing next to the

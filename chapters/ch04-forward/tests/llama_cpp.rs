@@ -25,7 +25,10 @@ fn model() -> &'static (Model, Tokenizer) {
     M.get_or_init(|| {
         let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
         let tok = Tokenizer::from_gguf(&file.gguf).unwrap();
-        (Model::load(&file, &DenseLoader).unwrap(), tok)
+        (
+            Model::load(&file, &DenseLoader, &ch04::architectures()).unwrap(),
+            tok,
+        )
     })
 }
 

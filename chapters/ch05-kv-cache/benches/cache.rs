@@ -14,7 +14,7 @@ use std::hint::black_box;
 
 fn token_n(c: &mut Criterion) {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    let model = Model::load(&file, &DenseLoader).unwrap();
+    let model = Model::load(&file, &DenseLoader, &ch05::architectures()).unwrap();
     let tokens: Vec<u32> = (0..256).map(|i| 1000 + 7 * i).collect();
     let mut g = c.benchmark_group("token_n");
     g.sample_size(10);

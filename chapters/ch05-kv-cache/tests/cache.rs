@@ -22,7 +22,7 @@ const STEPS: usize = 64;
 
 fn load() -> Model {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    Model::load(&file, &DenseLoader).unwrap()
+    Model::load(&file, &DenseLoader, &ch05::architectures()).unwrap()
 }
 
 fn model() -> &'static Model {

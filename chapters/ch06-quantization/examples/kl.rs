@@ -72,7 +72,7 @@ fn run(path: &Path, n: usize) -> Result<Run, Error> {
         .into());
     }
     let ids = ids[..n].to_vec();
-    let model = Model::load(&file, &QuantLoader)?;
+    let model = Model::load(&file, &QuantLoader, &ch06::architectures())?;
     let logits = model.forward(
         &Batch::sequence(0, &ids, 0, true),
         &mut model.new_kv(),

@@ -31,8 +31,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let refs = TensorFile::open(&format!("prompts/{id}.safetensors"))?;
     let file = GgufFile::open(shared::default_model_path()?)?;
     let paths: [(&str, Model); 2] = [
-        ("f32", Model::load(&file, &DenseLoader)?),
-        ("q4_1", Model::load(&file, &QuantLoader)?),
+        (
+            "f32",
+            Model::load(&file, &DenseLoader, &ch06::architectures())?,
+        ),
+        (
+            "q4_1",
+            Model::load(&file, &QuantLoader, &ch06::architectures())?,
+        ),
     ];
     for (path, model) in &paths {
         let mut rec = Recorder::new();

@@ -46,6 +46,28 @@ pub const TIE_MARGIN: f32 = 0.4;
 /// and many of them would mean a real error hiding under the margin.
 pub const MAX_TIE_FRACTION: f64 = 0.05;
 
+/// The bounds one run is judged by: [`Margins::QUANTIZED`], this chapter's, for a quantized
+/// model of the default family; a check of another model sets its own, each measured as these
+/// were (a last-bit perturbation for the tie margin).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Margins {
+    /// Largest KL(P_reference ‖ P_ours) after the prompt.
+    pub max_kl: f64,
+    /// Largest mean |Δlogit| after the prompt.
+    pub max_mean_abs_logit: f64,
+    /// The tie margin of a greedy step (see [`TIE_MARGIN`]).
+    pub tie: f32,
+}
+
+impl Margins {
+    /// [`MAX_KL`], [`MAX_MEAN_ABS_LOGIT`], [`TIE_MARGIN`].
+    pub const QUANTIZED: Margins = Margins {
+        max_kl: MAX_KL,
+        max_mean_abs_logit: MAX_MEAN_ABS_LOGIT,
+        tie: TIE_MARGIN,
+    };
+}
+
 // ANCHOR: kl
 /// `ln softmax(x)`, in f64, with the maximum subtracted first so that no `exp` overflows.
 pub fn log_softmax(x: &[f32]) -> Vec<f64> {
@@ -96,11 +118,11 @@ pub fn mean_abs_diff(want: &[f32], got: &[f32]) -> f64 {
 pub enum GreedyStep {
     /// Both sides picked the same token.
     Same,
-    /// They differ, but the judging logits put the two tokens less than [`TIE_MARGIN`] apart.
+    /// They differ, but the judging logits put the two tokens less than the tie margin apart.
     NearTie { best: usize, other: usize, gap: f32 },
 }
 
-/// A greedy step where the two tokens are [`TIE_MARGIN`] or more apart.
+/// A greedy step where the two tokens are the tie margin or more apart.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GreedyMiss {
     /// The top token of the judging logits.
@@ -109,14 +131,16 @@ pub struct GreedyMiss {
     pub other: usize,
     /// `logits[best] − logits[other]`.
     pub gap: f32,
+    /// The tie margin it was judged by.
+    pub margin: f32,
 }
 
 impl fmt::Display for GreedyMiss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "tokens {} and {} are {:.3} logits apart, not within the tie margin {TIE_MARGIN}",
-            self.best, self.other, self.gap
+            "tokens {} and {} are {:.3} logits apart, not within the tie margin {}",
+            self.best, self.other, self.gap, self.margin
         )
     }
 }
@@ -126,24 +150,38 @@ impl std::error::Error for GreedyMiss {}
 // ANCHOR: greedy_step
 /// Judges one greedy step: `logits` are one side's (the side whose gaps count), `other` the
 /// token the other side picked. It passes when `other` is the top token of `logits`, or is
-/// less than [`TIE_MARGIN`] below it.
-pub fn greedy_step(logits: &[f32], other: usize) -> Result<GreedyStep, GreedyMiss> {
+/// less than `margin` below it.
+pub fn greedy_step_within(
+    logits: &[f32],
+    other: usize,
+    margin: f32,
+) -> Result<GreedyStep, GreedyMiss> {
     let best = argmax(logits);
     if best == other {
         return Ok(GreedyStep::Same);
     }
     let gap = logits[best] - logits[other];
     // A NaN gap is a miss too.
-    if gap < TIE_MARGIN {
+    if gap < margin {
         Ok(GreedyStep::NearTie { best, other, gap })
     } else {
-        Err(GreedyMiss { best, other, gap })
+        Err(GreedyMiss {
+            best,
+            other,
+            gap,
+            margin,
+        })
     }
+}
+
+/// [`greedy_step_within`] this chapter's [`TIE_MARGIN`].
+pub fn greedy_step(logits: &[f32], other: usize) -> Result<GreedyStep, GreedyMiss> {
+    greedy_step_within(logits, other, TIE_MARGIN)
 }
 // ANCHOR_END: greedy_step
 
 /// What [`teacher_forced`] measured.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Agreement {
     /// KL(P_reference ‖ P_ours) after the prompt.
     pub kl: f64,
@@ -151,8 +189,10 @@ pub struct Agreement {
     pub mean_abs_logit: f64,
     /// Greedy steps judged.
     pub steps: usize,
-    /// Steps that disagreed within [`TIE_MARGIN`].
+    /// Steps that disagreed within the tie margin.
     pub near_ties: usize,
+    /// Those steps, with the gap between the two tokens in our logits: `(step, gap)`.
+    pub ties: Vec<(usize, f32)>,
 }
 
 impl fmt::Display for Agreement {
@@ -175,12 +215,18 @@ impl fmt::Display for Agreement {
 ///   over prompt + continuation with logits at every position gives them.
 ///
 /// The gaps of greedy steps are measured in our logits: the reference's are known only after
-/// the prompt. Returns the measurements, or what failed first.
-pub fn teacher_forced(
+/// the prompt. Judged by `margins`; returns the measurements, or what failed first.
+pub fn teacher_forced_with(
+    margins: &Margins,
     want_next: &[f32],
     ours: &[f32],
     continuation: &[u32],
 ) -> Result<Agreement, String> {
+    let &Margins {
+        max_kl,
+        max_mean_abs_logit,
+        tie,
+    } = margins;
     let vocab = want_next.len();
     let rows = continuation.len().max(1);
     if vocab == 0 || ours.len() < rows * vocab || !ours.len().is_multiple_of(vocab) {
@@ -193,23 +239,23 @@ pub fn teacher_forced(
     let kl = kl_divergence(want_next, row(0));
     let mean_abs_logit = mean_abs_diff(want_next, row(0));
     // NaN fails too.
-    if kl.is_nan() || kl >= MAX_KL {
-        return Err(format!("KL(reference || ours) = {kl:.3e} exceeds {MAX_KL}"));
+    if kl.is_nan() || kl >= max_kl {
+        return Err(format!("KL(reference || ours) = {kl:.3e} exceeds {max_kl}"));
     }
-    if mean_abs_logit.is_nan() || mean_abs_logit >= MAX_MEAN_ABS_LOGIT {
+    if mean_abs_logit.is_nan() || mean_abs_logit >= max_mean_abs_logit {
         return Err(format!(
-            "mean |logit difference| {mean_abs_logit:.3} exceeds {MAX_MEAN_ABS_LOGIT}"
+            "mean |logit difference| {mean_abs_logit:.3} exceeds {max_mean_abs_logit}"
         ));
     }
-    let mut near_ties = 0;
+    let mut ties = Vec::new();
     for (step, &t) in continuation.iter().enumerate() {
-        match greedy_step(row(step), t as usize) {
+        match greedy_step_within(row(step), t as usize, tie) {
             Ok(GreedyStep::Same) => {}
-            Ok(GreedyStep::NearTie { .. }) => near_ties += 1,
+            Ok(GreedyStep::NearTie { gap, .. }) => ties.push((step, gap)),
             Err(m) => {
                 return Err(format!(
                     "greedy step {step}: we pick {}, the reference picked {t}, {:.3} logits \
-                     apart (tie margin {TIE_MARGIN})",
+                     apart (tie margin {tie})",
                     m.best, m.gap
                 ));
             }
@@ -219,8 +265,18 @@ pub fn teacher_forced(
         kl,
         mean_abs_logit,
         steps: continuation.len(),
-        near_ties,
+        near_ties: ties.len(),
+        ties,
     })
+}
+
+/// [`teacher_forced_with`] this chapter's [`Margins::QUANTIZED`].
+pub fn teacher_forced(
+    want_next: &[f32],
+    ours: &[f32],
+    continuation: &[u32],
+) -> Result<Agreement, String> {
+    teacher_forced_with(&Margins::QUANTIZED, want_next, ours, continuation)
 }
 // ANCHOR_END: teacher_forced
 
@@ -314,9 +370,13 @@ mod tests {
             GreedyMiss {
                 best: 0,
                 other: 1,
-                gap: 2.0
+                gap: 2.0,
+                margin: TIE_MARGIN
             }
         );
+        // Another margin is another judgement of the same step.
+        assert!(greedy_step_within(&[1.0, 0.75, 0.0], 1, 0.2).is_err());
+        assert!(greedy_step_within(&[2.0, 0.0], 1, 2.5).is_ok());
         assert!(miss.to_string().contains("2.000 logits apart"), "{miss}");
         // The margin itself is not within it.
         assert!(greedy_step(&[TIE_MARGIN, 0.0], 1).is_err());

@@ -249,9 +249,9 @@ proptest! {
         let file = GgufFile::from_bytes(build(&s, &damages)).unwrap();
         for quantized in [false, true] {
             let loaded = if quantized {
-                Model::load(&file, &QuantLoader)
+                Model::load(&file, &QuantLoader, &ch06::architectures())
             } else {
-                Model::load(&file, &DenseLoader)
+                Model::load(&file, &DenseLoader, &ch06::architectures())
             };
             let Ok(mut model) = loaded else {
                 // A typed error; its message must say something.
@@ -293,7 +293,7 @@ fn undamaged_models_load_and_stop_at_the_context_end() {
         vocab: 20,
     };
     let file = GgufFile::from_bytes(build(&s, &[])).unwrap();
-    let mut model = Model::load(&file, &DenseLoader).unwrap();
+    let mut model = Model::load(&file, &DenseLoader, &ch06::architectures()).unwrap();
     model.set_context(8).unwrap();
     let tok = Tokenizer::from_gguf(&file.gguf).unwrap();
     assert_eq!(tok.encode("ab", false, false), [2]);

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 fn model_for(variant: &serde_json::Value, file: &GgufFile, name: &str) -> Model {
     if variant["quantized_here"] != serde_json::Value::Bool(true) {
-        return Model::load(file, &QuantLoader).unwrap();
+        return Model::load(file, &QuantLoader, &ch06::architectures()).unwrap();
     }
     let types: HashMap<String, GgmlType> = variant["tensors"]
         .as_array()
@@ -27,7 +27,7 @@ fn model_for(variant: &serde_json::Value, file: &GgufFile, name: &str) -> Model 
         })
         .collect();
     let choose = |info: &TensorInfo| types[&info.name];
-    Model::load(file, &RequantLoader { choose }).unwrap()
+    Model::load(file, &RequantLoader { choose }, &ch06::architectures()).unwrap()
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn every_variant_matches_llama_cpp() {
 fn the_quantized_model_is_about_the_size_of_the_file() {
     let path = shared::default_model_path().unwrap();
     let file = GgufFile::open(&path).unwrap();
-    let model = Model::load(&file, &QuantLoader).unwrap();
+    let model = Model::load(&file, &QuantLoader, &ch06::architectures()).unwrap();
     // One token through the model works and gives finite logits.
     let logits = model
         .forward(
@@ -83,6 +83,15 @@ fn the_quantized_model_is_about_the_size_of_the_file() {
         )
         .unwrap();
     assert!(logits.iter().all(|l| l.is_finite()));
-    assert!(model.weights.layers[0].attn.wq.describe().contains("Q4_1"));
+    assert!(
+        model
+            .blocks_as::<ch06::llama::Llama>()
+            .expect("llama blocks")
+            .layers[0]
+            .attn
+            .wq
+            .describe()
+            .contains("Q4_1")
+    );
     assert!(model.weights.token_embd.describe().contains("Q8_0"));
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 fn throughput(c: &mut Criterion) {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let tok = Tokenizer::from_gguf(&file.gguf).unwrap();
-    let model = Model::load(&file, &QuantLoader).unwrap();
+    let model = Model::load(&file, &QuantLoader, &ch07::architectures()).unwrap();
     let params = throughput::params();
 
     let mut g = c.benchmark_group("throughput");

@@ -123,9 +123,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&file.gguf)?;
     let model = if args.dense {
-        Model::load(&file, &DenseLoader)?
+        Model::load(&file, &DenseLoader, &ch07::architectures())?
     } else {
-        Model::load(&file, &QuantLoader)?
+        Model::load(&file, &QuantLoader, &ch07::architectures())?
     };
     let template = ChatTemplate::from_gguf(&file.gguf)?;
     let prompts: Vec<String> = if args.prompt.is_empty() {
@@ -163,7 +163,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_name()
         .unwrap_or(path.as_os_str())
         .to_string_lossy();
-    let weights = model.weights.layers[0].attn.wq.describe();
+    let weights = model
+        .blocks_as::<ch07::llama::Llama>()
+        .expect("llama blocks")
+        .layers[0]
+        .attn
+        .wq
+        .describe();
     eprintln!("model: {name} ({weights}), {config:?}");
 
     let mut scheduler = Scheduler::new(&model, &tok, config)?;

@@ -30,12 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tok = Tokenizer::from_gguf(&file.gguf)?;
     let (model, weights) = if args.dense {
         (
-            Model::load(&file, &DenseLoader)?,
+            Model::load(&file, &DenseLoader, &ch07::architectures())?,
             "f32 weights (DenseLoader)",
         )
     } else {
         (
-            Model::load(&file, &QuantLoader)?,
+            Model::load(&file, &QuantLoader, &ch07::architectures())?,
             "Q4_1 weights (QuantLoader)",
         )
     };

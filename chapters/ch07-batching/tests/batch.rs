@@ -36,7 +36,7 @@ fn engine() -> &'static Engine {
     E.get_or_init(|| {
         let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
         Engine {
-            model: Model::load(&file, &DenseLoader).unwrap(),
+            model: Model::load(&file, &DenseLoader, &ch07::architectures()).unwrap(),
             tok: Tokenizer::from_gguf(&file.gguf).unwrap(),
         }
     })

@@ -41,18 +41,36 @@ fn engines(file: &GgufFile) -> Vec<(&'static str, Model)> {
         pack: true,
     };
     vec![
-        ("scalar_1t", Model::load(file, &QuantLoader).unwrap()),
+        (
+            "scalar_1t",
+            Model::load(file, &QuantLoader, &ch08::architectures()).unwrap(),
+        ),
         (
             "simd_1t",
-            Model::load(file, &fast(Arc::new(SpinPool::new(1)))).unwrap(),
+            Model::load(
+                file,
+                &fast(Arc::new(SpinPool::new(1))),
+                &ch08::architectures(),
+            )
+            .unwrap(),
         ),
         (
             "simd_2t",
-            Model::load(file, &fast(Arc::new(SpinPool::new(2)))).unwrap(),
+            Model::load(
+                file,
+                &fast(Arc::new(SpinPool::new(2))),
+                &ch08::architectures(),
+            )
+            .unwrap(),
         ),
         (
             "simd_2t_rayon",
-            Model::load(file, &fast(Arc::new(RayonPool::new(2)))).unwrap(),
+            Model::load(
+                file,
+                &fast(Arc::new(RayonPool::new(2))),
+                &ch08::architectures(),
+            )
+            .unwrap(),
         ),
     ]
 }

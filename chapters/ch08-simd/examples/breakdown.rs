@@ -18,7 +18,9 @@ use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
 use ch08::ch03::{Attention, KvView, RopeTable, TokenPos};
 use ch08::gemm::{PREFETCH, prefetch_line, zeroed_lines};
 use ch08::pool::{PoolKind, new_pool};
-use ch08::{AttentionOps, Compute, ContiguousCache, FastLoader, GgufFile, Model, Session};
+use ch08::{
+    Activation, AttentionOps, Compute, ContiguousCache, FastLoader, GgufFile, Model, Session,
+};
 use clap::Parser;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,8 +117,8 @@ impl Compute for TimedCompute {
     fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         Clock::time(&self.1.norms, || self.0.rms_norm(x, w, eps, out))
     }
-    fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
-        Clock::time(&self.1.swiglu, || self.0.swiglu(gate, up))
+    fn glu(&self, act: Activation, gate: &mut [f32], up: &[f32]) {
+        Clock::time(&self.1.swiglu, || self.0.glu(act, gate, up))
     }
     fn add(&self, x: &mut [f32], y: &[f32]) {
         Clock::time(&self.1.add, || self.0.add(x, y))
@@ -138,8 +140,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         fast.compute()
     };
-    let model = Model::load(&file, &TimedLoader(fast, clock.clone()))?
-        .with_compute(Arc::new(TimedCompute(compute.clone(), clock.clone())));
+    let model = Model::load(
+        &file,
+        &TimedLoader(fast, clock.clone()),
+        &ch08::architectures(),
+    )?
+    .with_compute(Arc::new(TimedCompute(compute.clone(), clock.clone())));
     let n_ctx = cli.prompt_tokens + cli.decode + 1;
     let kv = ContiguousCache::for_model(&model, n_ctx);
     let mut session = ch08::Cached::new(&model, kv, 256);

@@ -31,7 +31,7 @@ fn main() {
     let result = cli::run(
         args,
         |file| {
-            let mut model = Model::load(file, &loader)?;
+            let mut model = Model::load(file, &loader, &ch08::architectures())?;
             if !cli.scalar_compute {
                 model = model.with_compute(loader.compute());
             }
@@ -54,7 +54,10 @@ fn main() {
 fn summary(model: &Model) -> String {
     let w = &model.weights;
     let mut all = vec![w.token_embd.describe()];
-    for l in &w.layers {
+    let layers = model
+        .blocks_as::<ch08::llama::Llama>()
+        .map_or(&[][..], |b| &b.layers);
+    for l in layers {
         for m in [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo] {
             all.push(m.describe());
         }

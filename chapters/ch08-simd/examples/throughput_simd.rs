@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = GgufFile::open(shared::default_model_path()?)?;
     let tok = Tokenizer::from_gguf(&file.gguf)?;
     let fast = FastLoader::new(new_pool(PoolKind::Spin, args.threads.max(1)));
-    let model = Model::load(&file, &fast)?.with_compute(fast.compute());
+    let model = Model::load(&file, &fast, &ch08::architectures())?.with_compute(fast.compute());
     let runs = args.runs.max(1);
     // With one thread the caller's on-CPU time is the engine's; with more, only wall-clock
     // time counts every thread's work.
@@ -39,7 +39,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{} tokens generated per request (greedy) after prompts of 3 to 15 tokens; {} weights, \
          chapter 8's kernels ({}), {} thread{}; median of {runs} runs; {}.",
         throughput::N_GENERATE,
-        model.weights.layers[0].attn.wq.describe(),
+        model
+            .blocks_as::<ch08::llama::Llama>()
+            .expect("llama blocks")
+            .layers[0]
+            .attn
+            .wq
+            .describe(),
         fast.kernels.isa,
         args.threads,
         if args.threads == 1 { "" } else { "s" },

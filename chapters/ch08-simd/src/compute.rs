@@ -26,9 +26,11 @@
 //! allocated per token.
 
 use crate::ch04::ch03::{Attention, KvView, RopeTable, TokenPos};
-use crate::ch04::{AttentionOps, Compute};
+use crate::ch04::compute::gelu_f16;
+use crate::ch04::{Activation, AttentionOps, Compute};
 use crate::kernels::{Isa, KernelSet};
 use crate::pool::Parallel;
+pub use crate::simd::F32Simd;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -52,60 +54,6 @@ pub const KEY_SEGMENT: usize = 256;
 const PAR_ROWS: usize = 16;
 /// Elements below which SwiGLU and the residual add run on the calling thread.
 const PAR_ELEMS: usize = 1 << 15;
-
-// ANCHOR: f32simd
-/// Lane operations on f32 slices, the building blocks of every kernel here. Implemented by
-/// [`Portable`] and, on x86-64, by AVX2 + FMA.
-///
-/// # Safety
-/// The methods are unsafe because an implementation may use instructions the CPU must have:
-/// call them only from code compiled for, and running on, that instruction set. This is the
-/// safety contract of every method, hence no section per method; `scores` and `weighted_sum`
-/// add the row lengths their documentation states. Any other lengths are allowed: a method
-/// reads and writes only inside the slices it is given.
-#[allow(clippy::missing_safety_doc)]
-pub trait F32Simd {
-    /// `Σ a_i b_i`.
-    unsafe fn dot(a: &[f32], b: &[f32]) -> f32;
-    /// `y += a·x`.
-    unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]);
-    /// `y *= a`.
-    unsafe fn scale(y: &mut [f32], a: f32);
-    /// The largest element (`-inf` for an empty slice).
-    unsafe fn max(x: &[f32]) -> f32;
-    /// `x_i = e^(x_i - m)` in place; returns the sum. `-inf` elements become 0.
-    unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32;
-    /// `g_i = silu(g_i)·u_i`.
-    unsafe fn silu_mul(g: &mut [f32], u: &[f32]);
-    /// `Σ x_i²`.
-    unsafe fn sum_squares(x: &[f32]) -> f32;
-    /// `out_i = (x_i·s)·w_i`.
-    unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]);
-    /// `x += y`.
-    unsafe fn add(x: &mut [f32], y: &[f32]);
-
-    /// `s_j = scale·(q · k_j)` for every key row `keys[j]`. Every row must be exactly as long
-    /// as `q` (part of the safety contract: a kernel may read `q.len()` values of each).
-    #[inline(always)]
-    unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
-        for (s, k) in s.iter_mut().zip(keys) {
-            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives key rows as
-            // long as `q` (this method's contract), which is all `dot` needs.
-            *s = unsafe { Self::dot(q, k) } * scale;
-        }
-    }
-    /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]`. Every row must be exactly as long as
-    /// `acc` (part of the safety contract, as for `scores`).
-    #[inline(always)]
-    unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
-        for (&p, v) in p.iter().zip(vals) {
-            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives value rows as
-            // long as `acc` (this method's contract), which is all `axpy` needs.
-            unsafe { Self::axpy(acc, p, v) };
-        }
-    }
-}
-// ANCHOR_END: f32simd
 
 /// Plain Rust: the fallback on CPUs without a vector set here, and the reference the vector
 /// versions are tested against.
@@ -142,7 +90,7 @@ impl F32Simd for Portable {
     #[inline(always)]
     unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
         for (g, u) in g.iter_mut().zip(u) {
-            *g = crate::ch04::layer::silu(*g) * u;
+            *g = crate::ch04::compute::silu(*g) * u;
         }
     }
     #[inline(always)]
@@ -772,13 +720,22 @@ impl Compute for SimdCompute {
         });
     }
 
-    fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
+    fn glu(&self, act: Activation, gate: &mut [f32], up: &[f32]) {
         let g = Out(gate.as_mut_ptr());
         self.split(gate.len(), 4096, PAR_ELEMS, &|r| {
             // SAFETY: `r` lies inside `0..gate.len()`, and its elements are written by this
             // task only.
             let g = unsafe { g.slice(r.start, r.len()) };
-            for_isa!(self.isa, silu_mul::<S>(g, &up[r]))
+            match act {
+                Activation::Silu => for_isa!(self.isa, silu_mul::<S>(g, &up[r])),
+                // ggml's GELU is a lookup in an f16 table (the reference's, to the bit): the
+                // threads share the work, each element a conversion and a load.
+                Activation::GeluTanh => {
+                    for (g, u) in g.iter_mut().zip(&up[r]) {
+                        *g = gelu_f16(*g) * u;
+                    }
+                }
+            }
         });
     }
 

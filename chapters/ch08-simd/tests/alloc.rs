@@ -19,7 +19,7 @@ fn a_decode_step_allocates_nothing_after_warm_up() {
         .unwrap_or_else(|e| panic!("{e}"));
     // Two threads, so that attention splits its keys and the pool's workers run too.
     let fast = FastLoader::new(Arc::new(SpinPool::new(2)));
-    let model = Model::load(&file, &fast)
+    let model = Model::load(&file, &fast, &ch08::architectures())
         .unwrap()
         .with_compute(fast.compute());
     let kv = ContiguousCache::for_model(&model, 512);

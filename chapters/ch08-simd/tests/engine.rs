@@ -135,9 +135,9 @@ fn the_fast_path_matches_llama_cpp() {
                 fast: fast.clone(),
                 types: variant_types(v),
             };
-            Model::load(&file, &requant).unwrap()
+            Model::load(&file, &requant, &ch08::architectures()).unwrap()
         } else {
-            Model::load(&file, &fast).unwrap()
+            Model::load(&file, &fast, &ch08::architectures()).unwrap()
         }
         .with_compute(fast.compute());
         let vocab = model.config.vocab_size;
@@ -151,7 +151,13 @@ fn the_fast_path_matches_llama_cpp() {
             .unwrap_or_else(|e| panic!("{name} vs llama.cpp: {e}"));
         eprintln!(
             "{name}: {a}; {}",
-            model.weights.layers[0].ffn.down.describe()
+            model
+                .blocks_as::<ch08::llama::Llama>()
+                .expect("llama blocks")
+                .layers[0]
+                .ffn
+                .down
+                .describe()
         );
         steps += a.steps;
         near_ties += a.near_ties;
@@ -177,7 +183,7 @@ fn prompt(file: &GgufFile) -> Vec<u32> {
 fn fast_logits_equal_chapter_6s_for_any_threads() {
     let file = model_file();
     let tokens = prompt(&file);
-    let scalar = Model::load(&file, &QuantLoader).unwrap();
+    let scalar = Model::load(&file, &QuantLoader, &ch08::architectures()).unwrap();
     let want = all_logits(&scalar, &tokens);
     let vocab = scalar.config.vocab_size;
     let pools: Vec<Arc<dyn Parallel>> = vec![
@@ -188,9 +194,12 @@ fn fast_logits_equal_chapter_6s_for_any_threads() {
     let kernels = KernelSet::detect();
     for pool in pools {
         let what = format!("{:?} kernels, {}", kernels.isa, pool.describe());
-        let model = Model::load(&file, &loader(kernels, pool)).unwrap();
+        let model = Model::load(&file, &loader(kernels, pool), &ch08::architectures()).unwrap();
         let got = all_logits(&model, &tokens);
-        let packed = model.weights.layers[0]
+        let packed = model
+            .blocks_as::<ch08::llama::Llama>()
+            .expect("llama blocks")
+            .layers[0]
             .attn
             .wq
             .describe()
@@ -226,7 +235,7 @@ fn simd_compute_matches_the_scalar_reference_on_f32_weights() {
     // quantized, so the difference between the two computes is not hidden behind code flips.
     let file = model_file();
     let tokens = prompt(&file);
-    let scalar = Model::load(&file, &ch08::DenseLoader).unwrap();
+    let scalar = Model::load(&file, &ch08::DenseLoader, &ch08::architectures()).unwrap();
     let (n_layer, kv_dim, vocab) = (
         scalar.config.n_layer,
         scalar.attention.kv_dim(),
@@ -291,7 +300,7 @@ fn simd_compute_agrees_with_the_reference_at_long_context() {
     // chapter 6 judges a quantized model (the next-token distribution and the greedy choice).
     let file = model_file();
     let fast = loader(KernelSet::detect(), Arc::new(SpinPool::new(2)));
-    let reference = Model::load(&file, &fast).unwrap();
+    let reference = Model::load(&file, &fast, &ch08::architectures()).unwrap();
     let (n_layer, kv_dim, vocab) = (
         reference.config.n_layer,
         reference.attention.kv_dim(),
@@ -354,7 +363,12 @@ fn prefill_and_decode_give_the_same_logits() {
         sets.push(KernelSet::SCALAR);
     }
     for kernels in sets {
-        let model = Model::load(&file, &loader(kernels, Arc::new(SpinPool::new(2)))).unwrap();
+        let model = Model::load(
+            &file,
+            &loader(kernels, Arc::new(SpinPool::new(2))),
+            &ch08::architectures(),
+        )
+        .unwrap();
         let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());
         let cache = || ContiguousCache::new(n_layer, kv_dim, 64, Overflow::Error);
         let prefill = model

@@ -17,9 +17,9 @@ use crate::kernels::{Count, Op, OpBuilder, Step};
 use crate::weights::GpuMatrix;
 use ch08::ch01::GgufFile;
 use ch08::ch03::matrix::load_vector;
+use ch08::llama::{self, check_all_used};
 use ch08::{
-    Attention, Config, ForwardError, KvError, RopeStyle, RopeTable, Session, check_all_used,
-    check_context,
+    Attention, Config, ForwardError, KvError, RopeStyle, RopeTable, Session, check_context,
 };
 use std::sync::Arc;
 
@@ -188,17 +188,9 @@ impl GpuModel {
         file: &GgufFile<B>,
         opts: GpuOptions,
     ) -> Result<GpuModel, GpuError> {
-        let arch = file
-            .gguf
-            .architecture()
-            .map_err(|e| GpuError::Unsupported(e.to_string()))?;
-        if arch != "llama" {
-            return Err(GpuError::Unsupported(format!(
-                "architecture {arch:?}: the GPU forward pass runs llama only"
-            )));
-        }
-        let cfg =
-            Config::from_gguf(&file.gguf).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        // The architectures whose blocks these kernels run: chapter 4's llama.
+        let cfg = Config::from_gguf(&file.gguf, &[llama::NAME])
+            .map_err(|e| GpuError::Unsupported(format!("{e} on the GPU")))?;
         // Every tensor must be one llama's blocks use (chapter 4's rule), and the optional
         // biases are not run here: refuse them rather than compute another model.
         check_all_used(file, &cfg)?;

@@ -11,9 +11,11 @@
 //! There is no skipping without a GPU: CI installs Mesa's software Vulkan driver (lavapipe),
 //! and a machine without any adapter fails here with the error that lists what wgpu saw.
 
+mod common;
+
 use ch09::ch01::GgmlType;
 use ch09::ch03::matrix::matmul;
-use ch09::layer::rms_norm;
+use ch09::ch04::compute::rms_norm;
 use ch09::model::rope_cos_sin;
 use ch09::quants::type_traits;
 use ch09::{
@@ -21,7 +23,6 @@ use ch09::{
     OpBuilder, RopeStyle, RopeTable, Scalar, Step, TokenPos, VecKv, View,
 };
 use shared::{Tolerance, assert_close};
-use std::sync::Arc;
 
 /// Products of up to 768 terms of size ≤ 1 in f32, summed in another order (a tree of partial
 /// sums, or tiles of 64 columns, against chapter 3's eight running sums): observed up to 3.1e-5
@@ -59,10 +60,6 @@ fn check(what: &str, shape: &[usize], got: &[f32], want: &[f32], tol: Tolerance)
         r.max_abs, r.max_rel
     );
     r.max_abs
-}
-
-fn gpu() -> Arc<Gpu> {
-    Gpu::shared().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Deterministic values in [-1, 1).
@@ -132,7 +129,7 @@ fn cols_for(ty: GgmlType) -> usize {
 
 #[test]
 fn mul_mat_matches_the_cpu_for_every_type_kernel_and_batch() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let rows = 37; // not a multiple of the 32-row tile, nor of anything else
     let mut worst = 0.0f32;
     for ty in TYPES {
@@ -161,7 +158,7 @@ fn mul_mat_matches_the_cpu_for_every_type_kernel_and_batch() {
 #[test]
 fn the_output_rows_of_a_product_follow_n_out() {
     // A product over `Count::Out` rows runs on the step's n_out, not on its tokens.
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let (rows, cols, ty) = (37, 96, GgmlType::Q8_0);
     let (bytes, deq) = weights(ty, rows, cols, 3);
     let w = GpuMatrix::upload(&gpu, "w", ty, rows, cols, &bytes).unwrap();
@@ -185,7 +182,7 @@ fn the_output_rows_of_a_product_follow_n_out() {
 
 #[test]
 fn get_rows_dequantizes_as_chapter_6_does() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let rows = 37;
     for ty in TYPES {
         let cols = cols_for(ty);
@@ -215,7 +212,7 @@ fn get_rows_dequantizes_as_chapter_6_does() {
 
 #[test]
 fn rms_norm_matches_chapter_4() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let d = 100; // not a multiple of the 64 threads
     let weight = values(d, 1);
     let wg = gpu.upload_f32("weight", &weight).unwrap();
@@ -259,7 +256,7 @@ fn rms_norm_matches_chapter_4() {
 
 #[test]
 fn rope_matches_chapter_3_in_both_styles() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let (n_heads, head_dim) = (3, 48);
     for (style, n_rot) in [
         (RopeStyle::Normal, 48),
@@ -290,7 +287,7 @@ fn rope_matches_chapter_3_in_both_styles() {
 
 #[test]
 fn swiglu_and_add_match_chapter_4() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let width = 97;
     for n in [1, 3, 17] {
         let gate: Vec<f32> = values(n * width, 5).iter().map(|v| v * 12.0).collect();
@@ -307,7 +304,7 @@ fn swiglu_and_add_match_chapter_4() {
         ];
         b.run(&ops, &step(n, 0));
         let mut want_gate = gate.clone();
-        Scalar.swiglu(&mut want_gate, &up);
+        Scalar.glu(ch09::Activation::Silu, &mut want_gate, &up);
         let mut want_up = up.clone();
         Scalar.add(&mut want_up, &want_gate);
         let got_gate = gpu.read_f32(&gg).unwrap();
@@ -325,7 +322,7 @@ fn kv_values(n_pos: usize, kv_dim: usize) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn attention_matches_chapter_3_with_grouped_heads_and_a_window() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     // (n_head, n_head_kv, head_dim, window): SmolLM2's grouping of 3 query heads per KV head
     // with an odd head size; 96 dims (two per thread); a sliding window.
     for (n_head, n_head_kv, head_dim, window) in
@@ -407,7 +404,7 @@ fn attention_matches_chapter_3_with_grouped_heads_and_a_window() {
 
 #[test]
 fn a_type_without_a_kernel_is_an_error_naming_the_tensor() {
-    let gpu = gpu();
+    let Some(gpu) = common::gpu() else { return };
     let (bytes, _) = weights(GgmlType::Q6_K, 2, 256, 1);
     let e = GpuMatrix::upload(
         &gpu,
@@ -470,7 +467,8 @@ fn a_file_with_biases_is_refused_naming_the_tensor() {
         n_ctx: Some(64),
         max_batch: 8,
     };
-    let err = GpuModel::load(gpu(), &file, opts)
+    let Some(gpu) = common::gpu() else { return };
+    let err = GpuModel::load(gpu, &file, opts)
         .err()
         .expect("loaded")
         .to_string();

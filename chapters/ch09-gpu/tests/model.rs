@@ -15,9 +15,11 @@
 //! all the prefill checks; the decode path runs through chapter 4's `generate`. Kept short:
 //! on CI the GPU is lavapipe, on two CPU cores.
 
+mod common;
+
 use ch09::agreement::{GreedyStep, check_tie_fraction, greedy_step, teacher_forced};
 use ch09::{
-    GenParams, GgufFile, Gpu, GpuModel, GpuOptions, HIDDEN_TOL, SamplerParams, Session, Tokenizer,
+    GenParams, GgufFile, GpuModel, GpuOptions, HIDDEN_TOL, SamplerParams, Session, Tokenizer,
     generate,
 };
 use shared::refdata::{self, TensorFile};
@@ -63,10 +65,11 @@ struct Run {
     normed: Vec<f32>,
 }
 
-fn run() -> &'static Run {
-    static RUN: OnceLock<Run> = OnceLock::new();
+/// The shared run, or `None` (reported) on a machine without a GPU adapter.
+fn run() -> Option<&'static Run> {
+    static RUN: OnceLock<Option<Run>> = OnceLock::new();
     RUN.get_or_init(|| {
-        let gpu = Gpu::shared().unwrap_or_else(|e| panic!("{e}"));
+        let gpu = common::gpu()?;
         let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
         let file = GgufFile::open(&path).unwrap();
         let tokenizer = Tokenizer::from_gguf(&file.gguf).unwrap();
@@ -88,7 +91,7 @@ fn run() -> &'static Run {
         let d = model.config.d_model;
         let hidden = gpu.read_f32(&model.pool.x).unwrap()[..all.len() * d].to_vec();
         let normed = gpu.read_f32(&model.pool.normed).unwrap()[..all.len() * d].to_vec();
-        Run {
+        Some(Run {
             model: Mutex::new(model),
             tokenizer,
             prompt,
@@ -96,13 +99,14 @@ fn run() -> &'static Run {
             logits,
             hidden,
             normed,
-        }
+        })
     })
+    .as_ref()
 }
 
 #[test]
 fn the_prompt_matches_llama_cpp_on_the_f32_copy() {
-    let r = run();
+    let Some(r) = run() else { return };
     let refs = TensorFile::open("prompts/short.safetensors").unwrap_or_else(|e| panic!("{e}"));
     let n = r.prompt.len();
     let model = r.model.lock().unwrap_or_else(|e| e.into_inner());
@@ -134,7 +138,7 @@ fn the_prompt_matches_llama_cpp_on_the_f32_copy() {
 
 #[test]
 fn the_logits_of_every_step_match_llama_cpp_on_the_f32_copy() {
-    let r = run();
+    let Some(r) = run() else { return };
     let full = TensorFile::open("prompts/short.decode.safetensors")
         .unwrap_or_else(|e| panic!("{e}"))
         .f32("logits_full")
@@ -163,7 +167,7 @@ fn the_logits_of_every_step_match_llama_cpp_on_the_f32_copy() {
 #[test]
 fn the_q4_1_file_agrees_with_llama_cpp_run_on_it() {
     // llama.cpp's own run of the Q4_1 file, activations quantized: chapter 6's check.
-    let r = run();
+    let Some(r) = run() else { return };
     let json = refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
     let v = &json["variants"]["Q4_1"];
     assert_eq!(
@@ -191,7 +195,7 @@ fn the_q4_1_file_agrees_with_llama_cpp_run_on_it() {
 fn generate_on_the_gpu_continues_as_llama_cpp_does() {
     // Chapter 4's loop over the GPU session: the prompt in one call, then one token per call
     // (`mul_mat_vec`, attention of one query over the cache).
-    let r = run();
+    let Some(r) = run() else { return };
     let mut model = r.model.lock().unwrap_or_else(|e| e.into_inner());
     model.reset();
     let params = GenParams {
@@ -229,7 +233,7 @@ fn generate_on_the_gpu_continues_as_llama_cpp_does() {
 
 #[test]
 fn a_full_context_and_a_bad_token_are_errors() {
-    let r = run();
+    let Some(r) = run() else { return };
     let mut model = r.model.lock().unwrap_or_else(|e| e.into_inner());
     model.reset();
     let vocab = model.config.vocab_size as u32;

@@ -55,7 +55,7 @@ fn rest<O: AsRef<[u8]> + Send + Sync + 'static>(
     ChatTemplate::from_gguf(&file.gguf)?;
     let template = ms(t);
     let t = Instant::now();
-    Model::load(file, &ViewLoader::new(bytes, fast))?;
+    Model::load(file, &ViewLoader::new(bytes, fast), &ch10::architectures())?;
     Ok([tokenizer, template, ms(t)])
 }
 

@@ -7,9 +7,9 @@ use crate::loader::ViewLoader;
 use crate::mapped::{MapOptions, MappedFile, PageAdvice, SharedBytes, map_gguf, read_gguf};
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
-    ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf, GgufFile, Model,
-    PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink, StopReason,
-    Tokenizer, new_pool,
+    Architectures, ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf,
+    GgufFile, Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError,
+    Sink, StopReason, Tokenizer, new_pool,
 };
 use clap::{CommandFactory, Parser};
 use serde_json::{Map, Value, json};
@@ -50,6 +50,10 @@ pub struct EngineArgs {
     /// built with the `gpu` feature.
     #[arg(long)]
     pub gpu: bool,
+    /// The architectures the engine loads: chapter 4's, unless a later chapter's binary hands
+    /// in a bigger set.
+    #[arg(skip = ch08::architectures())]
+    pub archs: Architectures,
 }
 // ANCHOR_END: args
 
@@ -101,8 +105,14 @@ pub struct Engine {
 
 // ANCHOR: load
 impl Engine {
-    /// Load the model at `path`, its matrices made by `fast` over the file's bytes.
-    pub fn load(path: &Path, mode: LoadMode, fast: FastLoader) -> Result<Engine, Box<dyn Error>> {
+    /// Load the model at `path`, of one of the architectures `archs`, its matrices made by
+    /// `fast` over the file's bytes.
+    pub fn load(
+        path: &Path,
+        mode: LoadMode,
+        fast: FastLoader,
+        archs: &Architectures,
+    ) -> Result<Engine, Box<dyn Error>> {
         let t0 = Instant::now();
         let repacked = fast.pack && ch08::matrix::packs(&fast.kernels);
         let (model, gguf, mapped) = match mode {
@@ -111,20 +121,20 @@ impl Engine {
                 let mapped = Arc::clone(bytes.owner());
                 // A file rewritten while we read it explains a failure better than the
                 // failure itself does.
-                let (model, gguf) = build(path, file, bytes, fast)
+                let (model, gguf) = build(path, file, bytes, fast, archs)
                     .map_err(|e| mapped.check_unchanged().map_or_else(|c| c.into(), |()| e))?;
                 (model, gguf, Some(mapped))
             }
             LoadMode::Read => {
                 let (file, bytes) = read_gguf(path)?;
-                let (model, gguf) = build(path, file, bytes, fast)?;
+                let (model, gguf) = build(path, file, bytes, fast, archs)?;
                 (model, gguf, None)
             }
         };
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| in_file(path, e))?;
         let template = ChatTemplate::from_gguf(&gguf)
             .ok()
-            .or_else(|| family_template(&gguf));
+            .or_else(|| arch_template(&gguf, archs));
         Ok(Engine {
             model,
             tokenizer,
@@ -193,18 +203,19 @@ fn build<O: AsRef<[u8]> + Send + Sync + 'static>(
     file: GgufFile<SharedBytes<O>>,
     bytes: SharedBytes<O>,
     fast: FastLoader,
+    archs: &Architectures,
 ) -> Result<(Model, Gguf), Box<dyn Error>> {
     let compute = fast.compute();
-    let model = Model::load(&file, &ViewLoader::new(bytes, fast))
+    let model = Model::load(&file, &ViewLoader::new(bytes, fast), archs)
         .map_err(|e| in_file(path, e))?
         .with_compute(compute);
     Ok((model, file.gguf))
 }
 
-/// The chat template of the file's model family, for a file without `tokenizer.chat_template`
+/// The chat template of the file's architecture, for a file without `tokenizer.chat_template`
 /// (Gemma 3's GGUF files carry none; llama.cpp falls back to a built-in one the same way).
-fn family_template(gguf: &Gguf) -> Option<ChatTemplate> {
-    let source = ch08::family::lookup(gguf.architecture().ok()?)?.chat_template?;
+fn arch_template(gguf: &Gguf, archs: &Architectures) -> Option<ChatTemplate> {
+    let source = archs.get(gguf.architecture().ok()?)?.chat_template?;
     ChatTemplate::with_tokens_of(gguf, source).ok()
 }
 
@@ -384,7 +395,7 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     if args.gpu {
         return run_gpu(args, &path, t0);
     }
-    let mut engine = Engine::load(&path, args.load_mode(), args.fast_loader())?;
+    let mut engine = Engine::load(&path, args.load_mode(), args.fast_loader(), &args.archs)?;
     cli::set_context(&mut engine.model, g.ctx)?;
     if !g.json {
         eprintln!("{}", engine.describe(&path));
@@ -434,7 +445,7 @@ fn run_gpu_on<B: AsRef<[u8]>>(
     let tokenizer = Tokenizer::from_gguf(&file.gguf).map_err(|e| in_file(path, e))?;
     let template = ChatTemplate::from_gguf(&file.gguf)
         .ok()
-        .or_else(|| family_template(&file.gguf));
+        .or_else(|| arch_template(&file.gguf, &args.archs));
     let gpu = Arc::new(ch09::Gpu::new()?);
     let opts = ch09::GpuOptions {
         n_ctx: g.ctx,
@@ -504,10 +515,16 @@ impl Runner for GpuRunner<'_> {
     }
 }
 
-/// The binary's `main`: parse the flags, check them, run, and exit with an error message on
-/// failure. Chapter 13's binary calls it after registering its model families.
-pub fn main() {
-    let args = EngineArgs::parse();
+/// The binary's `main`: parse the flags, check them, run with the architectures `archs`, and
+/// exit with an error message on failure. A later chapter's binary calls it with its own set.
+pub fn main(archs: Architectures) {
+    main_from(std::env::args_os().collect(), archs)
+}
+
+/// [`main`] on the command line `argv` (its first item the program's name).
+pub fn main_from(argv: Vec<std::ffi::OsString>, archs: Architectures) {
+    let mut args = EngineArgs::parse_from(argv);
+    args.archs = archs;
     if let Err(e) = cli::check(&args.generation) {
         EngineArgs::command()
             .error(

@@ -2,5 +2,5 @@
 //! `--chat` for a conversation. `--help` lists the flags.
 
 fn main() {
-    ch10::engine::main();
+    ch10::engine::main(ch10::architectures());
 }

@@ -14,7 +14,13 @@ static GLOBAL: shared::alloc::Counting = shared::alloc::Counting;
 fn a_decode_step_of_the_finished_engine_allocates_nothing() {
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
     let fast = ch10::FastLoader::new(Arc::new(SpinPool::new(2)));
-    let e = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast).unwrap();
+    let e = Engine::load(
+        &path,
+        LoadMode::Map(MapOptions::default()),
+        fast,
+        &ch10::architectures(),
+    )
+    .unwrap();
     let c = &e.model.config;
     let block = ch10::engine::BLOCK_SIZE;
     let mut kv = PagedCache::new(c.n_layer, e.model.attention.kv_dim(), block, 8);

@@ -102,9 +102,14 @@ fn a_truncated_model_is_an_error_naming_file_and_offset() {
             );
         }
         // The engine says the same, and names the file.
-        let err = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast())
-            .err()
-            .expect("a truncated model loaded");
+        let err = Engine::load(
+            &path,
+            LoadMode::Map(MapOptions::default()),
+            fast(),
+            &ch10::architectures(),
+        )
+        .err()
+        .expect("a truncated model loaded");
         assert_eq!(err.to_string(), msg);
     }
 }
@@ -155,7 +160,7 @@ fn a_loader_rejects_bytes_from_another_file() {
     let (_, bytes) = map_gguf(&model, &MapOptions::default()).unwrap();
     let loader = ViewLoader::new(bytes, fast());
     let other = GgufFile::open(&model).unwrap();
-    let e = ch10::Model::load(&other, &loader)
+    let e = ch10::Model::load(&other, &loader, &ch10::architectures())
         .err()
         .expect("a loader took another file's bytes");
     assert!(e.to_string().contains("not this loader's file"), "{e}");

@@ -20,7 +20,13 @@ fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
     E.get_or_init(|| {
         let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-        Engine::load(&path, LoadMode::Map(MapOptions::default()), fast()).unwrap()
+        Engine::load(
+            &path,
+            LoadMode::Map(MapOptions::default()),
+            fast(),
+            &ch10::architectures(),
+        )
+        .unwrap()
     })
 }
 

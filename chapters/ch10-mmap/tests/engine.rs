@@ -27,7 +27,7 @@ fn ids(x: &serde_json::Value) -> Vec<u32> {
 /// paged cache: teacher forcing in one pass.
 fn all_logits(mode: LoadMode, fast: FastLoader, all: &[u32]) -> Vec<f32> {
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let e = Engine::load(&path, mode, fast).unwrap();
+    let e = Engine::load(&path, mode, fast, &ch10::architectures()).unwrap();
     let c = &e.model.config;
     let block = ch10::engine::BLOCK_SIZE;
     let mut kv = PagedCache::new(
@@ -142,7 +142,7 @@ fn the_engine_continues_the_f32_copy_as_llama_cpp_does() {
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
     let file = ch10::GgufFile::open(&path).unwrap();
     let fast = FastLoader::new(Arc::new(SpinPool::new(2)));
-    let model = ch10::Model::load(&file, &ch10::DenseLoader)
+    let model = ch10::Model::load(&file, &ch10::DenseLoader, &ch10::architectures())
         .unwrap()
         .with_compute(fast.compute());
     let (mut steps, mut near_ties) = (0, 0);

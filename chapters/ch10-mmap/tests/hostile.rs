@@ -178,7 +178,7 @@ fn fails_with(run: &Run, want: &[&str]) {
 #[track_caller]
 fn config_rejects(path: &Path, key: &str) {
     let file = GgufFile::open(path).unwrap();
-    match Config::from_gguf(&file.gguf) {
+    match Config::from_gguf(&file.gguf, &["llama"]) {
         Err(ConfigError::Invalid { key: k, reason }) => assert_eq!(k, key, "{reason}"),
         other => panic!("{key}: expected ConfigError::Invalid, got {other:?}"),
     }

@@ -92,12 +92,18 @@ fn mapped_read_and_copied_models_compute_the_same_bits() {
         let copied = s.spawn(|| {
             // Chapter 8's way: chapter 1 reads the file into a Vec, each tensor is copied out.
             let file = GgufFile::open(&path).unwrap();
-            greedy(&Model::load(&file, &fast()).unwrap(), &prompt)
+            greedy(
+                &Model::load(&file, &fast(), &ch10::architectures()).unwrap(),
+                &prompt,
+            )
         });
         let read = s.spawn(|| {
             let (file, bytes) = read_gguf(&path).unwrap();
             let loader = ViewLoader::new(bytes, fast());
-            greedy(&Model::load(&file, &loader).unwrap(), &prompt)
+            greedy(
+                &Model::load(&file, &loader, &ch10::architectures()).unwrap(),
+                &prompt,
+            )
         });
         let opts = MapOptions {
             advice: PageAdvice::WillNeed,
@@ -105,7 +111,10 @@ fn mapped_read_and_copied_models_compute_the_same_bits() {
         };
         let (file, bytes) = map_gguf(&path, &opts).unwrap();
         let loader = ViewLoader::new(bytes, fast());
-        let mapped = greedy(&Model::load(&file, &loader).unwrap(), &prompt);
+        let mapped = greedy(
+            &Model::load(&file, &loader, &ch10::architectures()).unwrap(),
+            &prompt,
+        );
         (copied.join().unwrap(), read.join().unwrap(), mapped)
     });
     for (name, (ids, logits)) in [("read", &read), ("copied", &copied)] {
@@ -127,7 +136,12 @@ fn the_mapped_model_continues_as_llama_cpp_does() {
     let mut scalar = fast();
     scalar.kernels = KernelSet::SCALAR;
     let (file, bytes) = map_gguf(&path, &MapOptions::default()).unwrap();
-    let model = Model::load(&file, &ViewLoader::new(bytes, scalar)).unwrap();
+    let model = Model::load(
+        &file,
+        &ViewLoader::new(bytes, scalar),
+        &ch10::architectures(),
+    )
+    .unwrap();
     let (ids, _) = greedy(&model, &prompt);
     let n = STEPS.min(want.len());
     assert_eq!(ids[..n], want[..n], "greedy tokens vs llama.cpp");
@@ -164,7 +178,7 @@ fn misaligned_tensors_are_copied_once_and_compute_the_same() {
     let (file, bytes) = map_gguf(&odd, &MapOptions::default()).unwrap();
     let loader = ViewLoader::new(bytes, fast());
     assert_eq!(file.gguf.data_offset % 2, 1);
-    let model = Model::load(&file, &loader).unwrap();
+    let model = Model::load(&file, &loader, &ch10::architectures()).unwrap();
     let copied = loader.copied();
     let matrices = src
         .gguf
@@ -180,7 +194,7 @@ fn misaligned_tensors_are_copied_once_and_compute_the_same() {
 
     let (aligned_file, bytes) = map_gguf(&path, &MapOptions::default()).unwrap();
     let aligned_loader = ViewLoader::new(bytes, fast());
-    let aligned = Model::load(&aligned_file, &aligned_loader).unwrap();
+    let aligned = Model::load(&aligned_file, &aligned_loader, &ch10::architectures()).unwrap();
     let (prompt, _) = reference();
     let a = Cached::contiguous(&model, Some(16))
         .next_logits(&prompt, prompt.len())

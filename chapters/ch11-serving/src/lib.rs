@@ -31,11 +31,6 @@ pub use worker::{PoolStatus, Worker};
 /// Everything earlier chapters offer, so `ch11` reads as "the engine as of chapter 11".
 pub use ch10::{self, *};
 
-/// The machine's cores: the default `--threads`.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// The server's default `--batch-tokens` (see there).
 pub const SERVE_BATCH_TOKENS: usize = 64;
 
@@ -79,8 +74,9 @@ pub struct ServeArgs {
     /// cores, where 256 (chapter 10's, best for one user's long prompt) let it reach 200 ms.
     #[arg(long, default_value_t = SERVE_BATCH_TOKENS)]
     pub batch_tokens: usize,
-    /// Threads for the forward pass.
-    #[arg(long, short = 't', default_value_t = cores())]
+    /// Threads for the forward pass; by default the machine's physical cores, as llama.cpp
+    /// chooses.
+    #[arg(long, short = 't', default_value_t = ch10::cli::default_threads())]
     pub threads: usize,
     /// Longest time a request may run, in seconds; it then ends with finish_reason "length".
     #[arg(long, default_value_t = 600)]
@@ -91,6 +87,10 @@ pub struct ServeArgs {
     /// Keep every weight a view of the mapped file (no repacking for chapter 8's micro-kernel).
     #[arg(long)]
     pub no_repack: bool,
+    /// The architectures the server loads: chapter 4's, unless a later chapter's binary hands
+    /// in a bigger set.
+    #[arg(skip = ch10::architectures())]
+    pub archs: ch10::Architectures,
 }
 // ANCHOR_END: args
 
@@ -146,7 +146,12 @@ pub fn load_observed(
     };
     let mut fast = FastLoader::new(new_pool(PoolKind::Spin, args.threads));
     fast.pack = !args.no_repack;
-    let mut engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast)?;
+    let mut engine = Engine::load(
+        &path,
+        LoadMode::Map(MapOptions::default()),
+        fast,
+        &args.archs,
+    )?;
     cli::set_context(&mut engine.model, args.ctx)?;
     let n_ctx = engine.model.n_ctx();
     let kv_size = args.kv_size.unwrap_or(n_ctx);

@@ -276,12 +276,17 @@ pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 // ANCHOR_END: run
 
-/// The binary's `main`: configuration from flags, environment and file, logs, then [`run`];
-/// exit 2 on a bad configuration, 1 on a failure. Chapter 13's server calls it after
-/// registering its model families.
-pub fn main() {
+/// The binary's `main`: configuration from flags, environment and file, logs, then [`run`]
+/// with the architectures `archs`; exit 2 on a bad configuration, 1 on a failure. A later
+/// chapter's server calls it with its own set.
+pub fn main(archs: Architectures) {
+    main_from(std::env::args_os().collect(), archs)
+}
+
+/// [`main`] on the command line `argv` (its first item the program's name).
+pub fn main_from(argv: Vec<std::ffi::OsString>, archs: Architectures) {
     use clap::CommandFactory;
-    let args = match Args::load() {
+    let mut args = match config::parse_from::<Args>(argv, "config") {
         Ok(a) => a,
         Err(config::ConfigError::Clap(e)) => e.exit(),
         Err(e) => {
@@ -289,6 +294,7 @@ pub fn main() {
             std::process::exit(2);
         }
     };
+    args.serve.archs = archs;
     if let Err(e) = args.check() {
         Args::command()
             .error(clap::error::ErrorKind::ValueValidation, e)

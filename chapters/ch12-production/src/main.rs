@@ -2,5 +2,5 @@
 //! `--help` lists the flags and their environment variables.
 
 fn main() {
-    ch12::main();
+    ch12::main(ch12::architectures());
 }

@@ -13,14 +13,16 @@
 //!
 //! Gemma's RMSNorm multiplies by `1 + w`; the GGUF converter stores `1 + w`, so the norm here
 //! is chapter 4's. Everything around the blocks (embeddings lookup, final norm, tied output,
-//! KV cache, scheduler, server) is the llama path's.
+//! KV cache, scheduler, server) is the model's frame, as for llama; inside them, attention is
+//! chapter 3's steps with the norms between two of them, and the feed-forward network is chapter
+//! 4's with GELU as its gate.
 
 use ch12::ch03::matrix::{load_matrix, load_vector};
+use ch12::ch04::layer::FeedForward;
 use ch12::{
-    Attention, Batch, Config, Family, FamilyInfo, GgufFile, KvDyn, LoadError, Matrix, MatrixLoader,
-    Model, Observer, RopeStyle, RopeTable, Scalar, Scratch, Weights, check_context,
+    Activation, Architecture, Attention, AttentionWeights, Batch, Blocks, Compute, Config, Ctx,
+    GgufFile, KvDyn, LoadError, MatrixLoader, Observer, RopeStyle, RopeTable, Scratch,
 };
-use std::sync::{Arc, OnceLock};
 
 /// The architecture name in `general.architecture`.
 pub const ARCH: &str = "gemma3";
@@ -54,9 +56,9 @@ pub const CHAT_TEMPLATE: &str = "{%- set ns = namespace(system='') -%}\
 {%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
 // ANCHOR_END: template
 
-/// How the family is registered with chapter 4's [`Model::load`].
-pub const INFO: FamilyInfo = FamilyInfo {
-    arch: ARCH,
+/// Gemma 3 in a set of [`Architectures`](crate::Architectures).
+pub const ARCHITECTURE: Architecture = Architecture {
+    name: ARCH,
     load,
     chat_template: Some(CHAT_TEMPLATE),
 };
@@ -64,25 +66,22 @@ pub const INFO: FamilyInfo = FamilyInfo {
 // ANCHOR: weights
 /// The weights of one Gemma 3 block.
 pub struct Block {
-    pub attn_norm: Vec<f32>,      // (d_model)
-    pub wq: Box<dyn Matrix>,      // (n_head * head_dim, d_model)
-    pub wk: Box<dyn Matrix>,      // (n_head_kv * head_dim, d_model)
-    pub wv: Box<dyn Matrix>,      // (n_head_kv * head_dim, d_model)
+    pub attn_norm: Vec<f32>, // (d_model)
+    /// The projections `attn_q`, `attn_k`, `attn_v`, `attn_output`.
+    pub attn: AttentionWeights,
     pub q_norm: Vec<f32>,         // (head_dim)
     pub k_norm: Vec<f32>,         // (head_dim)
-    pub wo: Box<dyn Matrix>,      // (d_model, n_head * head_dim)
     pub post_attn_norm: Vec<f32>, // (d_model)
     pub ffn_norm: Vec<f32>,       // (d_model)
-    pub gate: Box<dyn Matrix>,    // (n_ff, d_model)
-    pub up: Box<dyn Matrix>,      // (n_ff, d_model)
-    pub down: Box<dyn Matrix>,    // (d_model, n_ff)
-    pub post_ffn_norm: Vec<f32>,  // (d_model)
+    /// Gate, up and down, with GELU as the gate's activation.
+    pub ffn: FeedForward,
+    pub post_ffn_norm: Vec<f32>, // (d_model)
     /// Whether this layer attends through the sliding window.
     pub local: bool,
 }
 
 /// Gemma 3's blocks, and the attention of its sliding-window layers; the global layers use
-/// the model's own (`Model::attention`, with Gemma's score scale).
+/// the model's own (with Gemma's score scale, set by [`Blocks::set_context`]).
 pub struct Gemma3 {
     pub blocks: Vec<Block>,
     /// Sliding-window layers: window `n_swa`, RoPE base [`SWA_ROPE_BASE`] (or the file's).
@@ -179,20 +178,16 @@ fn local_attention(
 }
 
 // ANCHOR: load
-/// Build a Gemma 3 model from `file`, its matrices made by `loader`: chapter 4's `Model` with
-/// the llama blocks left empty and a [`Gemma3`] family holding these.
-pub fn load(file: &GgufFile<&[u8]>, loader: &dyn MatrixLoader) -> Result<Model, LoadError> {
+/// Read a Gemma 3 file's configuration and build its blocks, their matrices made by `loader`;
+/// chapter 4's [`Model::load`](crate::Model::load) loads the frame around them.
+pub fn load(
+    file: &GgufFile<&[u8]>,
+    loader: &dyn MatrixLoader,
+) -> Result<(Config, Box<dyn Blocks>), LoadError> {
     let other = |e: &dyn std::fmt::Display| LoadError::Other(e.to_string());
-    let mut config = Config::from_gguf_any(&file.gguf).map_err(|e| other(&e))?;
-    if config.arch != ARCH {
-        return Err(LoadError::Other(format!(
-            "the Gemma 3 loader was given architecture {:?}",
-            config.arch
-        )));
-    }
+    let mut config = Config::from_gguf(&file.gguf, &[ARCH]).map_err(|e| other(&e))?;
     config.rope_style = RopeStyle::Neox;
-    let (d, hd, vocab) = (config.d_model, config.head_dim, config.vocab_size);
-    let (qd, kvd, ff) = (config.n_head * hd, config.kv_dim(), config.n_ff);
+    let (d, hd, ff) = (config.d_model, config.head_dim, config.n_ff);
     if let Some(v) = get_u32(file, "attention.value_length")?
         && v as usize != hd
     {
@@ -226,107 +221,56 @@ pub fn load(file: &GgufFile<&[u8]>, loader: &dyn MatrixLoader) -> Result<Model, 
             let v = |t: &str, n| load_vector(file, &name(t), n);
             Ok(Block {
                 attn_norm: v("attn_norm", d)?,
-                wq: m("attn_q", d, qd)?,
-                wk: m("attn_k", d, kvd)?,
-                wv: m("attn_v", d, kvd)?,
+                attn: AttentionWeights::load(file, loader, &config, l)?,
                 q_norm: v("attn_q_norm", hd)?,
                 k_norm: v("attn_k_norm", hd)?,
-                wo: m("attn_output", qd, d)?,
                 post_attn_norm: v("post_attention_norm", d)?,
                 ffn_norm: v("ffn_norm", d)?,
-                gate: m("ffn_gate", d, ff)?,
-                up: m("ffn_up", d, ff)?,
-                down: m("ffn_down", ff, d)?,
+                ffn: FeedForward {
+                    gate: m("ffn_gate", d, ff)?,
+                    up: m("ffn_up", d, ff)?,
+                    down: m("ffn_down", ff, d)?,
+                    act: Activation::GeluTanh,
+                },
                 post_ffn_norm: v("post_ffw_norm", d)?,
                 local,
             })
         })
         .collect::<Result<Vec<_>, LoadError>>()?;
-    let weights = Weights {
-        token_embd: load_matrix(file, loader, "token_embd.weight", d, vocab)?,
-        layers: Vec::new(),
-        output_norm: load_vector(file, "output_norm.weight", d)?,
-        output: if config.tied_embeddings {
-            None
-        } else {
-            Some(load_matrix(file, loader, "output.weight", d, vocab)?)
-        },
-    };
-    let n_ctx = config.default_context();
-    check_context(&config, n_ctx).map_err(|e| other(&e))?;
-    // The global layers use the model's attention, with Gemma's scale.
-    let mut attention = Attention::new(&config, n_ctx)?;
-    attention.kq_scale = kq_scale;
-    let family = Gemma3 {
+    let gemma = Gemma3 {
         blocks,
-        local: local_attention(&config, n_ctx, swa_rope_base, n_swa, kq_scale),
+        // Sized for the run's context by `set_context`, which the model calls once assembled.
+        local: local_attention(&config, 1, swa_rope_base, n_swa, kq_scale),
         kq_scale,
         swa_rope_base,
         n_swa,
         softcap,
     };
-    Ok(Model {
-        config,
-        attention,
-        weights,
-        compute: Arc::new(Scalar),
-        family: Some(Box::new(family)),
-    })
+    Ok((config, Box::new(gemma)))
 }
 // ANCHOR_END: load
 
-// ANCHOR: gelu
-/// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
-pub fn gelu(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const GELU_COEF_A: f32 = 0.044715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+/// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`), using
+/// `spare` as the output and swapping it in: no buffer is allocated once both have grown.
+fn norm_heads(ops: &dyn Compute, x: &mut Vec<f32>, weight: &[f32], eps: f32, spare: &mut Vec<f32>) {
+    spare.resize(x.len(), 0.0);
+    ops.rms_norm(x, weight, eps, spare);
+    std::mem::swap(x, spare);
 }
-
-/// ggml's GELU on the CPU: a table of `gelu` at every f16 value, stored as f16, indexed by the
-/// input rounded to f16 (`GGML_GELU_FP16`); inputs at or beyond ±10 are exact (0 or `x`).
-/// 128 KiB once, and the same numbers as llama.cpp to the bit.
-fn gelu_table() -> &'static [f32] {
-    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|bits| {
-                let x = half::f16::from_bits(bits).to_f32();
-                half::f16::from_f32(gelu(x)).to_f32()
-            })
-            .collect()
-    })
-}
-
-/// The GELU gate in place: `gate = gelu(gate) ⊙ up` (ggml's `geglu`), both `(n, n_ff)`.
-pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    let table = gelu_table();
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        *g = if x <= -10.0 {
-            0.0
-        } else if x >= 10.0 {
-            x * u
-        } else {
-            table[half::f16::from_f32(x).to_bits() as usize] * u
-        };
-    }
-}
-// ANCHOR_END: gelu
 
 // ANCHOR: blocks
-impl Family for Gemma3 {
-    fn blocks(
+impl Blocks for Gemma3 {
+    fn forward(
         &self,
-        model: &Model,
+        ctx: &Ctx<'_>,
         batch: &Batch,
         kv: &mut dyn KvDyn,
         obs: &mut dyn Observer,
         s: &mut Scratch,
     ) {
-        let (cfg, ops) = (&model.config, &*model.compute);
+        let (cfg, ops) = (ctx.config, ctx.compute);
         let (n, d, eps) = (batch.len(), cfg.d_model, cfg.rms_norm_eps);
-        let (hd, ff) = (cfg.head_dim, cfg.n_ff);
+        let hd = cfg.head_dim;
         let seen = |obs: &mut dyn Observer, name: &str, l: usize, shape: &[usize], x: &[f32]| {
             if obs.enabled() {
                 obs.observe(&format!("{name}-{l}"), shape, x);
@@ -338,55 +282,28 @@ impl Family for Gemma3 {
         if obs.enabled() {
             obs.observe("inp_scaled", &[n, d], &s.x);
         }
-        s.gate.resize(n * ff, 0.0); // (n, n_ff)
-        s.up.resize(n * ff, 0.0); // (n, n_ff)
         for (l, w) in self.blocks.iter().enumerate() {
-            let attn = if w.local {
-                &self.local
-            } else {
-                &model.attention
-            };
-            let (qd, kvd) = (attn.q_dim(), attn.kv_dim());
+            // (3) The sliding-window layers' attention, or the model's for the global ones.
+            let attn = if w.local { &self.local } else { ctx.attention };
+            s.h.resize(n * d, 0.0);
             ops.rms_norm(&s.x, &w.attn_norm, eps, &mut s.h);
             seen(obs, "attn_norm", l, &[n, d], &s.h);
 
-            // Attention: projections, (2) per-head norms of Q and K, RoPE.
+            // Chapter 3's steps, with (2) the per-head norms of Q and K before RoPE; `s.h` is
+            // free once projected, and lends its buffer to the norms.
             let a = &mut s.attn;
-            a.fit(attn, n);
-            w.wq.matmul(&s.h, &mut a.q); // (n, n_head, head_dim)
-            w.wk.matmul(&s.h, &mut a.k); // (n, n_head_kv, head_dim)
-            w.wv.matmul(&s.h, &mut a.v); // (n, n_head_kv, head_dim)
-            s.tmp.resize(n * qd, 0.0);
-            ops.rms_norm(&a.q, &w.q_norm, eps, &mut s.tmp);
-            std::mem::swap(&mut a.q, &mut s.tmp);
+            attn.project(&w.attn, &s.h, n, a);
+            norm_heads(ops, &mut a.q, &w.q_norm, eps, &mut s.h);
             seen(obs, "Qcur_normed", l, &[n, cfg.n_head, hd], &a.q);
-            s.tmp.resize(n * kvd, 0.0);
-            ops.rms_norm(&a.k, &w.k_norm, eps, &mut s.tmp);
-            std::mem::swap(&mut a.k, &mut s.tmp);
+            norm_heads(ops, &mut a.k, &w.k_norm, eps, &mut s.h);
             seen(obs, "Kcur_normed", l, &[n, cfg.n_head_kv, hd], &a.k);
-            ops.rope(&attn.rope, &mut a.q, hd, &batch.at);
-            ops.rope(&attn.rope, &mut a.k, hd, &batch.at);
-            seen(obs, "Qcur", l, &[n, cfg.n_head, hd], &a.q);
-            seen(obs, "Kcur", l, &[n, cfg.n_head_kv, hd], &a.k);
-            seen(obs, "Vcur", l, &[n, cfg.n_head_kv, hd], &a.v);
-            for (i, t) in batch.at.iter().enumerate() {
-                let r = i * kvd..(i + 1) * kvd;
-                kv.store_kv(l, t.seq, t.pos, &a.k[r.clone()], &a.v[r]);
-            }
-            // (3) One call per run of tokens of one sequence; `attn` is local or global.
-            let mut i = 0;
-            while i < n {
-                let seq = batch.at[i].seq;
-                let j = i + batch.at[i..].iter().take_while(|t| t.seq == seq).count();
-                let (q, out) = (&a.q[i * qd..j * qd], &mut a.attn[i * qd..j * qd]);
-                kv.with_view(l, seq, &mut |view| {
-                    ops.attend(attn, q, &batch.at[i..j], view, out)
-                });
-                i = j;
-            }
-            seen(obs, "kqv_out", l, &[n, qd], &a.attn);
-            w.wo.matmul(&a.attn, &mut s.y);
+            attn.rotate(ops, a, &batch.at);
+            attn.store(l, &batch.at, a, kv);
+            attn.attend_runs(ops, l, &batch.at, a, kv, obs);
+            attn.project_out(&w.attn, a, &mut s.y);
+            attn.observe(l, a, &s.y, obs);
             // (4) Norm after attention, then the residual add.
+            s.h.resize(n * d, 0.0);
             ops.rms_norm(&s.y, &w.post_attn_norm, eps, &mut s.h);
             seen(obs, "attn_post_norm", l, &[n, d], &s.h);
             ops.add(&mut s.x, &s.h);
@@ -395,10 +312,8 @@ impl Family for Gemma3 {
             // Feed-forward: (5) GELU-gated, then (4) its own norm after it.
             ops.rms_norm(&s.x, &w.ffn_norm, eps, &mut s.h);
             seen(obs, "ffn_norm", l, &[n, d], &s.h);
-            w.gate.matmul(&s.h, &mut s.gate);
-            w.up.matmul(&s.h, &mut s.up);
-            geglu(&mut s.gate, &s.up);
-            w.down.matmul(&s.gate, &mut s.y);
+            w.ffn
+                .forward_with(ops, &mut s.gate, &mut s.up, l, &s.h, obs, &mut s.y);
             seen(obs, "ffn_out", l, &[n, d], &s.y);
             ops.rms_norm(&s.y, &w.post_ffn_norm, eps, &mut s.h);
             seen(obs, "ffn_post_norm", l, &[n, d], &s.h);
@@ -425,7 +340,10 @@ impl Family for Gemma3 {
     }
 
     fn describe(&self) -> String {
-        format!("gemma3, {}", self.blocks[0].wq.describe())
+        match self.blocks.first() {
+            Some(b) => format!("gemma3, {}", b.attn.wq.describe()),
+            None => "gemma3, no layers".to_string(),
+        }
     }
 }
 // ANCHOR_END: blocks
@@ -452,14 +370,5 @@ mod tests {
              <start_of_turn>model\nRed, green, blue.<end_of_turn>\n\
              <start_of_turn>user\nMore?<end_of_turn>\n<start_of_turn>model\n"
         );
-    }
-
-    #[test]
-    fn gelu_table_matches_the_formula_to_f16_precision() {
-        for x in [-3.0f32, -0.5, 0.0, 0.1, 1.0, 2.5, 9.9] {
-            let (mut g, u) = ([x], [1.0]);
-            geglu(&mut g, &u);
-            assert!((g[0] - gelu(x)).abs() <= gelu(x).abs() * 2e-3 + 1e-4, "{x}");
-        }
     }
 }

@@ -1,10 +1,11 @@
 //! Chapter 13: model families — Gemma 3 and Qwen2 beside llama, and llama's own variants.
 //!
-//! Every chapter so far ran one architecture, llama. This chapter adds Gemma 3 through the seam
-//! chapter 4 left where the forward pass is defined ([`ch12::Family`]): a family brings its
-//! own blocks and its loader, registered by `general.architecture`, and shares everything else
-//! — embeddings, output, the KV caches, chapter 7's scheduler, chapter 8's kernels, chapter
-//! 10's mapped file, the servers of chapters 11 and 12.
+//! Every chapter so far ran one architecture, llama. This chapter adds Gemma 3 and Qwen2 through
+//! the value chapter 4 passes to its loader ([`Architectures`]): an architecture brings its own
+//! blocks ([`Blocks`]) and its loader, and shares everything else — embeddings, output, the KV
+//! caches, chapter 7's scheduler, chapter 8's kernels, chapter 10's mapped file, the servers of
+//! chapters 11 and 12. No earlier chapter changes: this one builds a bigger set and hands it to
+//! the engine and the server.
 //!
 //! - [`gemma3`]: Gemma 3's blocks (norms on queries and keys, sliding-window and global layers
 //!   with their own RoPE bases, norms after each sub-block, the GELU gate), its loader, and its
@@ -15,11 +16,11 @@
 //!   scaling are chapter 3's [`RopeScale`](crate::ch03::RopeScale), read from the file.
 //! - [`synthetic`]: models built from a recipe (real metadata and vocabulary, seeded weights),
 //!   for checking those variants against llama.cpp without a real model of each.
-//! - [`register`]: make every family of this chapter loadable; the binaries call it first.
+//! - [`architectures()`]: chapter 12's set (llama) with Gemma 3 and Qwen2 added.
 //!
-//! The binaries are the finished engine and its server with the families registered:
-//! `cargo run --release -p ch13 -- --model gemma-3-270m-q4_k_m.gguf PROMPT` (chapter 10's
-//! command line), and `cargo run --release -p ch13 --bin serve -- --model …` (chapter 12's).
+//! The binaries are the finished engine and its server with every architecture of the tower:
+//! `llm-rs` (`run`, `chat`, `serve`), and chapter 10's and 12's
+//! command lines as they were (`ch13`, `serve`).
 
 pub mod gemma3;
 pub mod qwen2;
@@ -28,8 +29,11 @@ pub mod synthetic;
 /// Everything earlier chapters offer, so `ch13` reads as "the engine as of chapter 13".
 pub use ch12::{self, *};
 
-/// Register this chapter's families with chapter 4's loader registry. Idempotent.
-pub fn register() {
-    ch12::family::register(gemma3::INFO);
-    ch12::family::register(qwen2::INFO);
+// ANCHOR: architectures
+/// Every architecture the tower knows: the earlier chapters' (llama) with this chapter's.
+pub fn architectures() -> Architectures {
+    ch12::architectures()
+        .with(gemma3::ARCHITECTURE)
+        .with(qwen2::ARCHITECTURE)
 }
+// ANCHOR_END: architectures

@@ -10,7 +10,7 @@
 
 use ch13::ch01::TensorInfo;
 use ch13::ch03::{DenseMatrix, Gguf, LoadError, Matrix, MatrixLoader};
-use ch13::ch06::agreement::{check_tie_fraction, teacher_forced};
+use ch13::ch06::agreement::{Margins, check_tie_fraction, teacher_forced_with};
 use ch13::sampling::argmax;
 use ch13::{Batch, FastLoader, GgufFile, Model, PoolKind, QuantLoader, Recorder, new_pool};
 use shared::refdata::{self, TensorFile};
@@ -34,6 +34,12 @@ const GEMMA_F32_FRACTION: f32 = 2e-3;
 /// `TIE_MARGIN` (0.4) the same way on SmolLM2; Gemma's f16 GELU table flips on last-bit
 /// differences too, on top of the Q8 activation codes, and its logits are larger.
 const GEMMA_TIE_MARGIN: f32 = 0.8;
+
+/// Chapter 6's check of a quantized model, with Gemma's tie margin.
+const GEMMA_MARGINS: Margins = Margins {
+    tie: GEMMA_TIE_MARGIN,
+    ..Margins::QUANTIZED
+};
 
 /// Dequantizes every tensor to f32 with chapter 6's block decoders (which chapter 6 checks
 /// against ggml's): what gguf-py's `dequantize` gave llama.cpp's F32 copy.
@@ -63,19 +69,17 @@ fn gemma_path() -> std::path::PathBuf {
 fn f32_model() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();
     M.get_or_init(|| {
-        ch13::register();
         let file = GgufFile::open(gemma_path()).unwrap();
-        Model::load(&file, &DequantLoader).unwrap_or_else(|e| panic!("{e}"))
+        Model::load(&file, &DequantLoader, &ch13::architectures()).unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
 /// The Q4_K_M file as the engine loads it: chapter 8's matrices and compute.
 fn load_fast() -> Model {
-    ch13::register();
     let file = GgufFile::open(gemma_path()).unwrap();
     let fast = FastLoader::new(new_pool(PoolKind::Spin, 2));
     let compute = fast.compute();
-    Model::load(&file, &fast)
+    Model::load(&file, &fast, &ch13::architectures())
         .unwrap_or_else(|e| panic!("{e}"))
         .with_compute(compute)
 }
@@ -164,46 +168,29 @@ fn teacher_forced_on(model: &Model, ids: &[u32], continuation: &[u32]) -> Vec<f3
         .unwrap()
 }
 
-/// Steps where our greedy token differs from llama.cpp's: `(step, gap)` in our logits. Panics
-/// on a gap of [`GEMMA_TIE_MARGIN`] or more.
-fn near_ties(id: &str, ours: &[f32], continuation: &[u32], vocab: usize) -> Vec<(usize, f32)> {
-    let mut ties = Vec::new();
-    for (step, (row, &t)) in ours.chunks_exact(vocab).zip(continuation).enumerate() {
-        let best = argmax(row);
-        if best != t as usize {
-            let gap = row[best] - row[t as usize];
-            assert!(
-                gap < GEMMA_TIE_MARGIN,
-                "{id}: greedy step {step}: we pick {best}, llama.cpp picked {t}, {gap:.3} logits \
-                 apart (tie margin {GEMMA_TIE_MARGIN})"
-            );
-            ties.push((step, gap));
-        }
-    }
-    ties
+/// Chapter 6's teacher-forced check of prompt `id` with Gemma's margins: our logits `ours`
+/// after the prompt and each token of llama.cpp's `continuation` against llama.cpp's.
+fn agreement(id: &str, ours: &[f32], continuation: &[u32]) -> ch13::ch06::agreement::Agreement {
+    let vocab = fast_model().config.vocab_size;
+    let refs = TensorFile::open(&format!("gemma3/{id}.quant.safetensors"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let want_next = refs.f32("logits_full").unwrap();
+    teacher_forced_with(&GEMMA_MARGINS, &want_next.data[..vocab], ours, continuation)
+        .unwrap_or_else(|e| panic!("{id}: {e}"))
 }
 
 #[test]
 fn q4_k_m_agrees_with_llama_cpp_teacher_forced() {
-    let vocab = fast_model().config.vocab_size;
     let (mut steps, mut n_ties) = (0, 0);
     for (id, ids, continuation) in prompts() {
-        let refs = TensorFile::open(&format!("gemma3/{id}.quant.safetensors"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let want_next = refs.f32("logits_full").unwrap();
         let ours = teacher_forced_logits(&ids, &continuation);
-        // The distribution after the prompt: chapter 6's KL and mean |dlogit| bounds.
-        let a = teacher_forced(&want_next.data[..vocab], &ours[..vocab], &[])
-            .unwrap_or_else(|e| panic!("{id}: {e}"));
-        let ties = near_ties(&id, &ours, &continuation, vocab);
+        let a = agreement(&id, &ours, &continuation);
         eprintln!(
-            "{id}: KL {:.2e}, mean |dlogit| {:.3}, {} greedy steps, near-ties {ties:?}",
-            a.kl,
-            a.mean_abs_logit,
-            continuation.len()
+            "{id}: KL {:.2e}, mean |dlogit| {:.3}, {} greedy steps, near-ties {:?}",
+            a.kl, a.mean_abs_logit, a.steps, a.ties
         );
-        steps += continuation.len();
-        n_ties += ties.len();
+        steps += a.steps;
+        n_ties += a.near_ties;
     }
     check_tie_fraction(n_ties, steps).unwrap();
 }
@@ -264,7 +251,9 @@ fn a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin() {
 #[test]
 fn the_engine_generates_what_llama_cpp_generates() {
     let (_, _, want) = prompts().into_iter().find(|p| p.0 == "short").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ch13"))
+    // The finished engine, `llm-rs run`.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-rs"))
+        .arg("run")
         .arg("--model")
         .arg(gemma_path())
         .args(["--temp", "0", "--threads", "2", "--json", "-n"])
@@ -286,10 +275,10 @@ fn the_engine_generates_what_llama_cpp_generates() {
         .collect();
     // Identical up to the first step where our logits put llama.cpp's token within the tie
     // margin of ours (after that the two continuations are different texts).
-    let vocab = fast_model().config.vocab_size;
     let (_, prompt, _) = prompts().into_iter().find(|p| p.0 == "short").unwrap();
     let ours = teacher_forced_logits(&prompt, &want);
-    let first_tie = near_ties("short", &ours, &want, vocab)
+    let first_tie = agreement("short", &ours, &want)
+        .ties
         .first()
         .map_or(want.len(), |t| t.0);
     assert!(first_tie >= 8, "a near-tie at step {first_tie}");

@@ -1,4 +1,4 @@
-//! Gemma 3 served: chapter 12's production server (`ch13 --bin serve`) on 127.0.0.1, at a port
+//! Gemma 3 served: the finished engine's production server (`llm-rs serve`) on 127.0.0.1, at a port
 //! the system picks. A completion must be llama.cpp's greedy continuation, and a chat request
 //! goes through Gemma's chat template (the file carries none: the family's is used).
 
@@ -51,8 +51,9 @@ fn reference() -> (String, Vec<u32>) {
 #[test]
 fn the_server_runs_gemma_as_llama_cpp_does() {
     let model = gemma_path();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llm-rs"))
         .args([
+            "serve",
             "--model",
             &model,
             "--port",

@@ -23,6 +23,60 @@
 // ggml's names, kept so the kernels read beside ggml's: `vec_dot_q4_K_q8_K`, `scales_q3_K`.
 #![allow(non_snake_case)]
 
+// ANCHOR: f32simd
+/// Lane operations on f32 slices, the building blocks of every kernel here. Implemented by
+/// [`Portable`](crate::compute::Portable) and, on x86-64, by AVX2 + FMA.
+///
+/// # Safety
+/// The methods are unsafe because an implementation may use instructions the CPU must have:
+/// call them only from code compiled for, and running on, that instruction set. This is the
+/// safety contract of every method, hence no section per method; `scores` and `weighted_sum`
+/// add the row lengths their documentation states. Any other lengths are allowed: a method
+/// reads and writes only inside the slices it is given.
+#[allow(clippy::missing_safety_doc)]
+pub trait F32Simd {
+    /// `Σ a_i b_i`.
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// `y += a·x`.
+    unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]);
+    /// `y *= a`.
+    unsafe fn scale(y: &mut [f32], a: f32);
+    /// The largest element (`-inf` for an empty slice).
+    unsafe fn max(x: &[f32]) -> f32;
+    /// `x_i = e^(x_i - m)` in place; returns the sum. `-inf` elements become 0.
+    unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32;
+    /// `g_i = silu(g_i)·u_i`.
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]);
+    /// `Σ x_i²`.
+    unsafe fn sum_squares(x: &[f32]) -> f32;
+    /// `out_i = (x_i·s)·w_i`.
+    unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]);
+    /// `x += y`.
+    unsafe fn add(x: &mut [f32], y: &[f32]);
+
+    /// `s_j = scale·(q · k_j)` for every key row `keys[j]`. Every row must be exactly as long
+    /// as `q` (part of the safety contract: a kernel may read `q.len()` values of each).
+    #[inline(always)]
+    unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+        for (s, k) in s.iter_mut().zip(keys) {
+            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives key rows as
+            // long as `q` (this method's contract), which is all `dot` needs.
+            *s = unsafe { Self::dot(q, k) } * scale;
+        }
+    }
+    /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]`. Every row must be exactly as long as
+    /// `acc` (part of the safety contract, as for `scores`).
+    #[inline(always)]
+    unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+        for (&p, v) in p.iter().zip(vals) {
+            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives value rows as
+            // long as `acc` (this method's contract), which is all `axpy` needs.
+            unsafe { Self::axpy(acc, p, v) };
+        }
+    }
+}
+// ANCHOR_END: f32simd
+
 #[cfg(target_arch = "aarch64")]
 pub mod arm;
 #[cfg(target_arch = "x86_64")]

@@ -36,6 +36,7 @@ pub fn args() -> ServeArgs {
         timeout: 600,
         body_limit: 1 << 20,
         no_repack: false,
+        archs: ch11::architectures(),
     }
 }
 

@@ -1,7 +1,7 @@
-//! The production server with every model family: chapter 12's binary, after
-//! [`ch13::register`]. `cargo run --release -p ch13 --bin serve -- --model PATH [--port 8080] …`.
+//! The production server with every architecture of the tower: chapter 12's binary, given
+//! [`ch13::architectures`]. `cargo run --release -p ch13 --bin serve -- --model PATH [--port
+//! 8080] …` (`llm-rs serve` is the same).
 
 fn main() {
-    ch13::register();
-    ch13::ch12::main();
+    ch13::ch12::main(ch13::architectures());
 }

@@ -12,7 +12,7 @@
 //! Every function needs AVX2 and FMA enabled by the caller; [`Avx512`]'s also AVX-512 F.
 
 use super::*;
-use crate::compute::F32Simd;
+use crate::simd::F32Simd;
 
 /// AVX2 + FMA: eight f32 lanes.
 pub struct Avx2;

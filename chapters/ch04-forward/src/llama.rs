@@ -1,0 +1,157 @@
+//! Llama: the first architecture, and so far the only one.
+//!
+//! Each block is pre-norm attention and a pre-norm SwiGLU feed-forward network, each added back
+//! to the residual stream:
+//!
+//! ```text
+//! h = x + attention(rms_norm(x))
+//! x = h + ffn(rms_norm(h))
+//! ```
+
+use crate::arch::{Architecture, Blocks, Ctx};
+use crate::batch::Batch;
+use crate::compute::Scratch;
+use crate::layer::LayerWeights;
+use ch03::matrix::{LoadError, MatrixLoader};
+use ch03::{Config, GgufFile, KvDyn, Observer};
+
+/// `general.architecture` of llama files.
+pub const NAME: &str = "llama";
+
+/// Llama in a set of [`Architectures`](crate::Architectures).
+pub const ARCHITECTURE: Architecture = Architecture {
+    name: NAME,
+    load,
+    chat_template: None,
+};
+
+/// Llama's blocks: `n_layer` of them.
+pub struct Llama {
+    pub layers: Vec<LayerWeights>,
+}
+
+/// Read a llama file's configuration and build its blocks.
+pub fn load(
+    file: &GgufFile<&[u8]>,
+    loader: &dyn MatrixLoader,
+) -> Result<(Config, Box<dyn Blocks>), LoadError> {
+    let config =
+        Config::from_gguf(&file.gguf, &[NAME]).map_err(|e| LoadError::Other(e.to_string()))?;
+    let blocks = Llama::load(file, loader, &config)?;
+    Ok((config, Box::new(blocks)))
+}
+
+impl Llama {
+    /// Llama's blocks for `config`, read from `file` by the caller: llama itself, or an
+    /// architecture that differs from it only in its metadata. Every tensor of the file must
+    /// be one these blocks or the model's frame use, as llama.cpp insists.
+    pub fn load<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        loader: &dyn MatrixLoader,
+        config: &Config,
+    ) -> Result<Llama, LoadError> {
+        let layers = (0..config.n_layer)
+            .map(|l| LayerWeights::load(file, loader, config, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_all_used(file, config)?;
+        Ok(Llama { layers })
+    }
+}
+
+// ANCHOR: blocks
+impl Blocks for Llama {
+    /// Llama's blocks over the residual stream `s.x` (`(n, d_model)`), in place.
+    fn forward(
+        &self,
+        ctx: &Ctx<'_>,
+        batch: &Batch,
+        kv: &mut dyn KvDyn,
+        obs: &mut dyn Observer,
+        s: &mut Scratch,
+    ) {
+        let (cfg, ops) = (ctx.config, ctx.compute);
+        let (n, d) = (batch.len(), cfg.d_model);
+        let (x, h, y) = (&mut s.x, &mut s.h, &mut s.y);
+        // ANCHOR: yours_layers
+        for (l, w) in self.layers.iter().enumerate() {
+            ops.rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, h);
+            if obs.enabled() {
+                obs.observe(&format!("attn_norm-{l}"), &[n, d], h);
+            }
+            ctx.attention
+                .forward_with(ops, &mut s.attn, &w.attn, l, h, &batch.at, kv, obs, y);
+            ops.add(x, y); // residual connection
+            if obs.enabled() {
+                obs.observe(&format!("ffn_inp-{l}"), &[n, d], x);
+            }
+            ops.rms_norm(x, &w.ffn_norm, cfg.rms_norm_eps, h);
+            if obs.enabled() {
+                obs.observe(&format!("ffn_norm-{l}"), &[n, d], h);
+            }
+            w.ffn
+                .forward_with(ops, &mut s.gate, &mut s.up, l, h, obs, y);
+            if obs.enabled() {
+                obs.observe(&format!("ffn_out-{l}"), &[n, d], y);
+            }
+            ops.add(x, y); // residual connection
+            if obs.enabled() {
+                obs.observe(&format!("l_out-{l}"), &[n, d], x);
+            }
+        }
+        // ANCHOR_END: yours_layers
+    }
+
+    fn describe(&self) -> String {
+        match self.layers.first() {
+            Some(l) => l.attn.wq.describe(),
+            None => "no layers".to_string(),
+        }
+    }
+}
+// ANCHOR_END: blocks
+
+/// Refuse a file with a tensor our llama blocks do not use: one llama.cpp's llama graph can use
+/// and ours does not (a fused QKV matrix, biases of the feed-forward network), or one nothing
+/// uses. Running without it would compute another model.
+pub fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
+    const GLOBAL: [&str; 4] = [
+        "token_embd.weight",
+        "output_norm.weight",
+        "output.weight",
+        "rope_freqs.weight",
+    ];
+    const LAYER: [&str; 13] = [
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "attn_q.bias",
+        "attn_k.bias",
+        "attn_v.bias",
+        "attn_output.bias",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    let used = |name: &str| {
+        GLOBAL.contains(&name)
+            || name
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(layer, t)| {
+                    layer
+                        .parse::<usize>()
+                        .is_ok_and(|l| l < cfg.n_layer && l.to_string() == layer)
+                        && LAYER.contains(&t)
+                })
+    };
+    match file.gguf.tensors.iter().find(|t| !used(&t.name)) {
+        Some(t) => Err(LoadError::Other(format!(
+            "tensor {:?} is not one the {} blocks use: this engine cannot run the file",
+            t.name, cfg.arch
+        ))),
+        None => Ok(()),
+    }
+}
