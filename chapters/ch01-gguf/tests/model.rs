@@ -5,9 +5,9 @@ use ch01::config::{RopeScalingType, RopeStyle};
 use ch01::gguf::{Value, ValueType};
 use ch01::{Config, GgufFile, dequant};
 use serde_json::Value as Json;
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
 use std::sync::OnceLock;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// gguf-py and this crate apply the same f32 operations in the same order (`q * d + m`, no
 /// fused multiply-add), so the dequantized weights must be bit-identical.

@@ -3,8 +3,8 @@
 
 use ch01::config::ConfigError;
 use ch01::{Config, GgufFile};
-use shared::refdata;
 use std::path::PathBuf;
+use testkit::refdata;
 
 fn vocab_files() -> Vec<PathBuf> {
     let dir = refdata::path("tokenizer").unwrap_or_else(|e| panic!("{e}"));

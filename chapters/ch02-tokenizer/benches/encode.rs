@@ -37,7 +37,7 @@ fn bench(c: &mut Criterion) {
     const SIZE: usize = 2 << 20;
     let text = text(SIZE);
     let refdata = |name: &str| {
-        shared::refdata::path(&format!("tokenizer/ggml-vocab-{name}.gguf"))
+        testkit::refdata::path(&format!("tokenizer/ggml-vocab-{name}.gguf"))
             .unwrap_or_else(|e| panic!("{e}"))
     };
     let vocabs = [

@@ -14,7 +14,7 @@ fn load(path: std::path::PathBuf) -> Result<Tokenizer, Box<dyn std::error::Error
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let smollm = load(shared::default_model_path()?)?;
-    let llama2 = load(shared::refdata::path(
+    let llama2 = load(testkit::refdata::path(
         "tokenizer/ggml-vocab-llama-spm.gguf",
     )?)?;
     let splitter = smollm.splitter().ok_or("SmolLM2 is byte-level BPE")?;

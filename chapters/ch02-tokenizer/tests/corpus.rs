@@ -11,7 +11,7 @@ use common::{show, unhex};
 use serde_json::Value;
 
 fn corpus() -> Value {
-    shared::refdata::json("tokenizer/corpus.json").unwrap_or_else(|e| panic!("{e}"))
+    testkit::refdata::json("tokenizer/corpus.json").unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Every case of vocabulary `name`: `(text, add_special, parse_special, case)`.

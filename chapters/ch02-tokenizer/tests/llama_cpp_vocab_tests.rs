@@ -14,7 +14,7 @@ const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
 fn check(name: &str) {
     let read = |ext: &str| {
         let rel = format!("tokenizer/ggml-vocab-{name}.gguf.{ext}");
-        let bytes = shared::refdata::read(&rel).unwrap_or_else(|e| panic!("{e}"));
+        let bytes = testkit::refdata::read(&rel).unwrap_or_else(|e| panic!("{e}"));
         String::from_utf8(bytes).unwrap_or_else(|e| panic!("{rel} is not UTF-8: {e}"))
     };
     let (inp, out) = (read("inp"), read("out"));
@@ -90,7 +90,7 @@ macro_rules! vocab_tests {
         /// Every test file in `reference-data/tokenizer/` has its test above.
         #[test]
         fn every_test_file_is_checked() {
-            let dir = shared::refdata::path("tokenizer").unwrap_or_else(|e| panic!("{e}"));
+            let dir = testkit::refdata::path("tokenizer").unwrap_or_else(|e| panic!("{e}"));
             let mut files: Vec<String> = std::fs::read_dir(&dir)
                 .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
                 .filter_map(|e| {

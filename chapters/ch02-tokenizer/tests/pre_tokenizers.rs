@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 
 fn section() -> Value {
-    let corpus = shared::refdata::json("tokenizer/corpus.json").unwrap_or_else(|e| panic!("{e}"));
+    let corpus = testkit::refdata::json("tokenizer/corpus.json").unwrap_or_else(|e| panic!("{e}"));
     corpus["pre_tokenizers"].clone()
 }
 

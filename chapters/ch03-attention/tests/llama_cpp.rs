@@ -7,8 +7,8 @@
 
 use ch03::attention::{Attention, AttentionWeights, TokenPos};
 use ch03::{Config, DenseLoader, GgufFile, KvStore, Recorder, VecKv};
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// Q, K, V are dot products of 576 terms. llama.cpp sums them in a different order (SIMD partial
 /// sums of another width), so each value can differ by a few units in the last place of the

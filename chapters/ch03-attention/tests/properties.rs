@@ -132,12 +132,12 @@ fn gqa_with_as_many_kv_heads_as_query_heads_is_multi_head_attention() {
         .map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0)
         .collect();
     let (a, b) = (run(&gqa, &w_gqa, &x, n), run(&mha, &w_mha, &x, n));
-    shared::assert_close(
+    testkit::assert_close(
         "gqa vs mha",
         &[n, d],
         &a,
         &b,
-        shared::Tolerance::new(1e-6, 1e-5),
+        testkit::Tolerance::new(1e-6, 1e-5),
     );
 }
 

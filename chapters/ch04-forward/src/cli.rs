@@ -198,7 +198,9 @@ pub struct Sessions<'m, F> {
     pub new_session: F,
 }
 
-impl<'m, F: FnMut(&'m Model) -> Box<dyn Session + 'm>> Runner for Sessions<'m, F> {
+impl<'m, F: FnMut(&'m Model) -> Box<dyn Session<Error = ForwardError> + 'm>> Runner
+    for Sessions<'m, F>
+{
     fn generate(
         &mut self,
         prompt: &[u32],
@@ -219,7 +221,7 @@ impl<'m, F: FnMut(&'m Model) -> Box<dyn Session + 'm>> Runner for Sessions<'m, F
 /// a message on error.
 pub fn main(
     load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn Error>>,
-    session: impl for<'m> Fn(&'m Model, &Args) -> Box<dyn Session + 'm>,
+    session: impl for<'m> Fn(&'m Model, &Args) -> Box<dyn Session<Error = ForwardError> + 'm>,
 ) {
     let args = Args::parse();
     if let Err(e) = run(&args, load, |model| session(model, &args)) {
@@ -232,7 +234,7 @@ pub fn main(
 pub fn run(
     args: &Args,
     load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn Error>>,
-    session: impl FnMut(&Model) -> Box<dyn Session + '_>,
+    session: impl FnMut(&Model) -> Box<dyn Session<Error = ForwardError> + '_>,
 ) -> Result<(), Box<dyn Error>> {
     check(args)?;
     let path = args.model_path()?;

@@ -15,10 +15,32 @@ use std::time::{Duration, Instant};
 
 /// Computes next-token logits for a growing sequence.
 pub trait Session {
+    /// Why a step fails: [`ForwardError`] for the sessions of this book's CPU chapters; a
+    /// session that computes elsewhere may fail in ways of its own, in an error that can also
+    /// hold a `ForwardError`.
+    type Error: StepError;
+
     /// Logits `(vocab)` of the token after `tokens`. The last `n_new` of `tokens` are new since
     /// the previous call (all of them on the first call). The slice lives in the session's own
     /// buffers until the next call, so a decode step allocates nothing.
-    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError>;
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], Self::Error>;
+}
+
+/// What the generation loop asks of a failed step: was it the context filling up (then it
+/// stops cleanly, as llama.cpp does), or something else (then it fails)?
+pub trait StepError: std::error::Error + From<ForwardError> {
+    /// The tokens no longer fit: the KV store is full, or a position is beyond the model's
+    /// context.
+    fn context_full(&self) -> bool;
+}
+
+impl StepError for ForwardError {
+    fn context_full(&self) -> bool {
+        matches!(
+            self,
+            ForwardError::Kv(KvError::Full { .. }) | ForwardError::PositionOutOfRange { .. }
+        )
+    }
 }
 
 // ANCHOR: uncached
@@ -39,6 +61,8 @@ impl<'m> Uncached<'m> {
 }
 
 impl Session for Uncached<'_> {
+    type Error = ForwardError;
+
     fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<&[f32], ForwardError> {
         let mut kv = self.model.new_kv();
         self.model.forward_with(
@@ -286,13 +310,13 @@ impl<'t> Generator<'t> {
 // ANCHOR: generate
 /// Generate from `prompt` (token ids), calling `on_text` with each piece of text as soon as it
 /// is complete UTF-8 and cannot be part of a stop string.
-pub fn generate(
-    session: &mut dyn Session,
+pub fn generate<S: Session + ?Sized>(
+    session: &mut S,
     tok: &Tokenizer,
     prompt: &[u32],
     params: &GenParams,
     on_text: &mut dyn FnMut(&str),
-) -> Result<Generation, ForwardError> {
+) -> Result<Generation, S::Error> {
     let mut generator = Generator::new(tok, params);
     let mut tokens = Vec::with_capacity(prompt.len() + params.max_tokens.min(1 << 16));
     tokens.extend_from_slice(prompt);
@@ -303,15 +327,14 @@ pub fn generate(
         let logits = match session.next_logits(&tokens, n_new) {
             Ok(logits) => logits,
             // The prompt fitted, the next token does not: stop cleanly, as llama.cpp does.
-            Err(
-                ForwardError::Kv(KvError::Full { .. }) | ForwardError::PositionOutOfRange { .. },
-            ) if !generator.ids.is_empty() => {
+            Err(e) if e.context_full() && !generator.ids.is_empty() => {
                 on_text(&generator.end(StopReason::ContextFull));
                 break;
             }
             Err(e) => return Err(e),
         };
-        NonFinite::check(logits, generator.ids.len(), &tokens)?;
+        NonFinite::check(logits, generator.ids.len(), &tokens)
+            .map_err(|e| S::Error::from(e.into()))?;
         if generator.ids.is_empty() {
             prefill = t0.elapsed();
         } else {

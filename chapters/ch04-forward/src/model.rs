@@ -52,9 +52,6 @@ pub enum ForwardError {
     Kv(KvError),
     /// The logits are NaN or infinite: the weights or hyperparameters are broken.
     NonFinite(NonFinite),
-    /// The device computing the pass failed (chapter 9's GPU: a lost device, a failed
-    /// submission), with its own message.
-    Device(String),
 }
 
 /// Logits that are not finite. Generation checks every row of logits it samples from (a cheap
@@ -155,7 +152,6 @@ impl fmt::Display for ForwardError {
             ),
             ForwardError::Kv(e) => write!(f, "{e}"),
             ForwardError::NonFinite(e) => write!(f, "{e}"),
-            ForwardError::Device(e) => write!(f, "the compute device failed: {e}"),
         }
     }
 }
@@ -164,7 +160,7 @@ impl std::error::Error for ForwardError {}
 
 impl ForwardError {
     /// `Err(TokenOutOfRange)` for the first of `tokens` that is not below `vocab`: what every
-    /// forward pass checks before it looks anything up (the GPU's of chapter 9 too).
+    /// forward pass checks before it looks anything up, whatever computes it.
     pub fn check_tokens(tokens: &[u32], vocab: usize) -> Result<(), ForwardError> {
         match tokens.iter().position(|&t| t as usize >= vocab) {
             Some(index) => Err(ForwardError::TokenOutOfRange {

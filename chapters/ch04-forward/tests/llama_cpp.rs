@@ -6,12 +6,13 @@
 
 use ch04::sampling::argmax;
 use ch04::{
-    Batch, DenseLoader, GenParams, GgufFile, HIDDEN_TOL, Model, Recorder, SamplerParams, Tokenizer,
-    Uncached, generate,
+    Batch, DenseLoader, GenParams, GgufFile, Model, Recorder, SamplerParams, Tokenizer, Uncached,
+    generate,
 };
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
 use std::sync::OnceLock;
+use testkit::HIDDEN_TOL;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// Logits in f32 (the last position, stored in full precision): about 2.4e-5 observed after
 /// 30 layers and a 576-term dot product per vocabulary entry.

@@ -49,6 +49,8 @@ impl<K: KvStore> Cached<'_, K> {
 }
 
 impl<K: KvStore> Session for Cached<'_, K> {
+    type Error = ForwardError;
+
     fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError> {
         let start = tokens.len() - n_new;
         if start != self.n_past {

@@ -4,12 +4,12 @@
 
 use ch05::sampling::argmax;
 use ch05::{
-    Batch, Cached, ContiguousCache, DenseLoader, GgufFile, KvError, KvStore, KvView, Model,
-    NoObserver, Overflow, PagedCache, Session,
+    Batch, Cached, ContiguousCache, DenseLoader, ForwardError, GgufFile, KvError, KvStore, KvView,
+    Model, NoObserver, Overflow, PagedCache, Session,
 };
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
 use std::sync::OnceLock;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// Exact: in this engine every token's row is computed by the same arithmetic whatever else is
 /// in the batch (each output is one dot product, attention reads the same stored keys), so
@@ -53,7 +53,10 @@ fn reference() -> (String, Vec<u32>, Vec<u32>) {
 }
 
 /// Greedy generation of `STEPS` tokens through `session`, returning every step's logits.
-fn run(session: &mut dyn Session, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
+fn run(
+    session: &mut dyn Session<Error = ForwardError>,
+    prompt: &[u32],
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut tokens = prompt.to_vec();
     let (mut out, mut all) = (Vec::new(), Vec::new());
     let mut n_new = prompt.len();
@@ -101,7 +104,7 @@ fn cached_logits_equal_uncached_at_every_step() {
     let n_ctx = prompt.len() + STEPS;
     let kv_dim = model.attention.kv_dim();
     let n_layer = model.config.n_layer;
-    let variants: Vec<(String, Box<dyn Session>)> = vec![
+    let variants: Vec<(String, Box<dyn Session<Error = ForwardError>>)> = vec![
         (
             "contiguous, chunk 1".into(),
             Box::new(Cached::new(

@@ -12,8 +12,9 @@
 //! line per path and layer: the largest absolute error, and the largest error in units of
 //! chapter 4's `HIDDEN_TOL` (1 means at the tolerance).
 
-use ch06::{Batch, DenseLoader, GgufFile, HIDDEN_TOL, Model, QuantLoader, Recorder};
-use shared::refdata::{self, TensorFile};
+use ch06::{Batch, DenseLoader, GgufFile, Model, QuantLoader, Recorder};
+use testkit::HIDDEN_TOL;
+use testkit::refdata::{self, TensorFile};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let id = std::env::args().nth(1).unwrap_or_else(|| "medium".into());

@@ -7,8 +7,8 @@
 
 use ch06::ch01::GgmlType;
 use ch06::quants::type_traits;
-use shared::refdata::TensorFile;
-use shared::{Tolerance, assert_close};
+use testkit::refdata::TensorFile;
+use testkit::{Tolerance, assert_close};
 
 /// Both sides dequantize with the same float operations in the same order.
 const DEQUANT_TOL: Tolerance = Tolerance::EXACT;

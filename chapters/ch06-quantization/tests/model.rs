@@ -9,8 +9,8 @@
 use ch06::agreement::{check_tie_fraction, teacher_forced};
 use ch06::ch01::{GgmlType, GgufFile, TensorInfo};
 use ch06::{Batch, Model, NoObserver, QuantLoader, RequantLoader};
-use shared::refdata::{self, TensorFile};
 use std::collections::HashMap;
+use testkit::refdata::{self, TensorFile};
 
 fn model_for(variant: &serde_json::Value, file: &GgufFile, name: &str) -> Model {
     if variant["quantized_here"] != serde_json::Value::Bool(true) {

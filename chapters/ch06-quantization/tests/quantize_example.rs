@@ -15,7 +15,7 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn quantizing_to_q8_0_writes_llama_cpps_file() {
-    let json = shared::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
+    let json = testkit::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
     let want = &json["variants"]["Q8_0"];
     assert_eq!(
         want["ftype"].as_u64(),

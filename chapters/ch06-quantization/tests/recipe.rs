@@ -1,14 +1,14 @@
 //! llama.cpp's choice of type for every tensor, reproduced.
 //!
 //! `quant/variants.json` lists, for each file type llama.cpp quantized the default model to
-//! (`shared::refdata::QUANT_VARIANTS`), every tensor's name and type in the order of the file
+//! (`testkit::refdata::QUANT_VARIANTS`), every tensor's name and type in the order of the file
 //! llama.cpp wrote. The recipe must choose the same type for every tensor, and list them in the
 //! same order. The other tests here check rules this model does not reach, on made-up tensors.
 
 use ch06::ch01::gguf::ValueType;
 use ch06::ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
 use ch06::recipe::{LlamaFtype, Plan, TypeList, allows_quantization, fallback};
-use shared::refdata::QUANT_VARIANTS;
+use testkit::refdata::QUANT_VARIANTS;
 
 fn type_named(name: &str) -> GgmlType {
     GgmlType::from_name(name).unwrap_or_else(|| panic!("quant/variants.json: unknown type {name}"))
@@ -16,7 +16,7 @@ fn type_named(name: &str) -> GgmlType {
 
 #[test]
 fn the_recipe_chooses_llama_cpps_type_for_every_tensor() {
-    let json = shared::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
+    let json = testkit::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
     let model = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let (mut checked, mut variants) = (vec![], vec![]);
     for (variant, v) in json["variants"].as_object().expect("a `variants` object") {

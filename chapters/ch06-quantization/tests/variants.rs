@@ -21,7 +21,7 @@ struct Tensor {
 
 /// `(variant, tensors)` for every variant llama.cpp quantized from the F32 copy.
 fn variants() -> Vec<(String, Vec<Tensor>)> {
-    let json = shared::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
+    let json = testkit::refdata::json("quant/variants.json").unwrap_or_else(|e| panic!("{e}"));
     let bad = |what: &str| -> ! {
         panic!(
             "quant/variants.json: {what}\nhint: regenerate it with scripts/export-reference \
@@ -72,7 +72,7 @@ fn hex(bytes: &[u8]) -> String {
 fn quantizing_the_dequantized_model_reproduces_llama_cpp_variants() {
     let variants = variants();
     let names: Vec<&str> = variants.iter().map(|(v, _)| v.as_str()).collect();
-    for want in shared::refdata::QUANT_VARIANTS {
+    for want in testkit::refdata::QUANT_VARIANTS {
         assert!(names.contains(&want), "quant/variants.json lacks {want}");
     }
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));

@@ -8,13 +8,12 @@
 //! Both compute every row of a batch on its own, so the exactness argued below holds for both.
 
 use ch07::{
-    Cached, ContiguousCache, DenseLoader, ForwardError, GenParams, GgufFile, Model, Overflow,
-    Request, SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer,
-    generate,
+    Cached, ContiguousCache, DenseLoader, GenParams, GgufFile, Model, Overflow, Request,
+    SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer, generate,
 };
-use shared::{Tolerance, assert_close};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use testkit::{Tolerance, assert_close};
 
 /// Batched and alone must agree bit for bit. In this engine a token's row is computed by the
 /// same arithmetic whatever else is in the batch: each matrix product quantizes and multiplies
@@ -57,7 +56,9 @@ struct Recording<S> {
 }
 
 impl<S: Session> Session for Recording<S> {
-    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError> {
+    type Error = S::Error;
+
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], S::Error> {
         let l = self.inner.next_logits(tokens, n_new)?.to_vec();
         self.logits.push(l);
         Ok(self.logits.last().expect("just pushed"))

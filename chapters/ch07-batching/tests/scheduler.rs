@@ -115,6 +115,8 @@ impl BatchModel for FakeModel {
 struct FakeSession(Vec<f32>);
 
 impl Session for FakeSession {
+    type Error = ForwardError;
+
     fn next_logits(&mut self, tokens: &[u32], _n_new: usize) -> Result<&[f32], ForwardError> {
         self.0 = logits_after(tokens);
         Ok(&self.0)

@@ -7,11 +7,11 @@
 
 use ch08::pool::SpinPool;
 use ch08::{Cached, ContiguousCache, FastLoader, GgufFile, Model, Session};
-use shared::alloc::allocations;
 use std::sync::Arc;
+use testkit::alloc::allocations;
 
 #[global_allocator]
-static GLOBAL: shared::alloc::Counting = shared::alloc::Counting;
+static GLOBAL: testkit::alloc::Counting = testkit::alloc::Counting;
 
 #[test]
 fn a_decode_step_allocates_nothing_after_warm_up() {

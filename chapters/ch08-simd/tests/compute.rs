@@ -14,8 +14,8 @@ use ch08::kernels::KernelSet;
 use ch08::pool::{Parallel, RayonPool, SpinPool};
 use ch08::{Activation, Compute, ContiguousCache, Overflow};
 use proptest::prelude::*;
-use shared::{Tolerance, assert_close};
 use std::sync::Arc;
+use testkit::{Tolerance, assert_close};
 
 /// Vector `exp` against `f64::exp`, relative: a degree-7 polynomial on |r| <= ln 2 / 2 is
 /// exact to ~5e-9, and the range reduction and Horner steps add a few f32 roundings (each

@@ -23,10 +23,10 @@ use ch08::{
     Batch, ContiguousCache, FastLoader, Model, NoObserver, Overflow, QMatrix, QuantLoader,
     requantize,
 };
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
 use std::collections::HashMap;
 use std::sync::Arc;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// `SimdCompute` vs the scalar reference on f32 weights, logits: the attention, norms and
 /// SwiGLU outputs differ by ~1e-6 relative (see `tests/compute.rs`), and 30 layers carry that

@@ -6,8 +6,8 @@
 //! none at all the error lists every adapter wgpu saw, so that "no GPU" can be told apart
 //! from "a GPU wgpu would not use".
 
-use ch08::ForwardError;
 use ch08::ch03::LoadError;
+use ch08::{ForwardError, StepError};
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -65,13 +65,9 @@ impl From<ForwardError> for GpuError {
     }
 }
 
-impl From<GpuError> for ForwardError {
-    /// A forward error stays one; anything else the device says is chapter 4's `Device` error.
-    fn from(e: GpuError) -> Self {
-        match e {
-            GpuError::Forward(e) => e,
-            other => ForwardError::Device(other.to_string()),
-        }
+impl StepError for GpuError {
+    fn context_full(&self) -> bool {
+        matches!(self, GpuError::Forward(e) if e.context_full())
     }
 }
 

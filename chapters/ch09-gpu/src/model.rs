@@ -441,14 +441,18 @@ fn build_ops(
 
 // ANCHOR: session
 impl Session for GpuModel {
-    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError> {
+    /// The GPU's own failures (a lost device, a failed submission) beside chapter 4's.
+    type Error = GpuError;
+
+    fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], GpuError> {
         let start = tokens.len() - n_new;
         if start != self.n_past {
             return Err(ForwardError::Kv(KvError::Gap {
                 seq: 0,
                 have: self.n_past,
                 start,
-            }));
+            })
+            .into());
         }
         self.prefill(&tokens[start..], start)?;
         self.n_past = tokens.len();

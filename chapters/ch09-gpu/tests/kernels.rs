@@ -22,7 +22,7 @@ use ch09::{
     Attention, AttentionOps, Compute, Count, Gpu, GpuError, GpuMatrix, GpuModel, Kernel, KvStore,
     OpBuilder, RopeStyle, RopeTable, Scalar, Step, TokenPos, VecKv, View,
 };
-use shared::{Tolerance, assert_close};
+use testkit::{Tolerance, assert_close};
 
 /// Products of up to 768 terms of size ≤ 1 in f32, summed in another order (a tree of partial
 /// sums, or tiles of 64 columns, against chapter 3's eight running sums): observed up to 3.1e-5

@@ -19,12 +19,12 @@ mod common;
 
 use ch09::agreement::{GreedyStep, check_tie_fraction, greedy_step, teacher_forced};
 use ch09::{
-    GenParams, GgufFile, GpuModel, GpuOptions, HIDDEN_TOL, SamplerParams, Session, Tokenizer,
-    generate,
+    GenParams, GgufFile, GpuModel, GpuOptions, SamplerParams, Session, Tokenizer, generate,
 };
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
 use std::sync::{Mutex, OnceLock};
+use testkit::HIDDEN_TOL;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// Logits against llama.cpp's f32 run (stored in f32), and the GPU's decode against its own
 /// prefill: chapter 4's CPU path is within 2.4e-5 of llama.cpp; the GPU's sums run in yet

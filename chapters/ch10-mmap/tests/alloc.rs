@@ -4,11 +4,11 @@
 
 use ch10::pool::SpinPool;
 use ch10::{Batch, BatchModel, Engine, LoadMode, MapOptions, PagedCache, Scratch};
-use shared::alloc::allocations;
 use std::sync::Arc;
+use testkit::alloc::allocations;
 
 #[global_allocator]
-static GLOBAL: shared::alloc::Counting = shared::alloc::Counting;
+static GLOBAL: testkit::alloc::Counting = testkit::alloc::Counting;
 
 #[test]
 fn a_decode_step_of_the_finished_engine_allocates_nothing() {

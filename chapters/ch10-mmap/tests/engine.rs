@@ -12,8 +12,8 @@ use ch10::kernels::KernelSet;
 use ch10::pool::SpinPool;
 use ch10::sampling::argmax;
 use ch10::{Batch, BatchModel, Engine, FastLoader, LoadMode, MapOptions, PagedCache, Scratch};
-use shared::refdata::{self, TensorFile};
 use std::sync::Arc;
+use testkit::refdata::{self, TensorFile};
 
 fn ids(x: &serde_json::Value) -> Vec<u32> {
     x.as_array()

@@ -11,8 +11,8 @@ use ch10::{
     Cached, FastLoader, MapOptions, Model, PageAdvice, PoolKind, Session, ViewLoader, map_gguf,
     new_pool, read_gguf,
 };
-use shared::refdata;
 use std::path::PathBuf;
+use testkit::refdata;
 
 /// Greedy steps compared between loaders (and with llama.cpp).
 const STEPS: usize = 16;

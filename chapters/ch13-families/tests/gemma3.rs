@@ -13,9 +13,9 @@ use ch13::ch03::{DenseMatrix, Gguf, LoadError, Matrix, MatrixLoader};
 use ch13::ch06::agreement::{Margins, check_tie_fraction, teacher_forced_with};
 use ch13::sampling::argmax;
 use ch13::{Batch, FastLoader, GgufFile, Model, PoolKind, QuantLoader, Recorder, new_pool};
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
 use std::sync::OnceLock;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// How far a stored tensor may be from llama.cpp's on the F32 path, as a fraction of the
 /// tensor's largest magnitude. Not chapter 4's `HIDDEN_TOL`: ggml's GELU rounds its input to

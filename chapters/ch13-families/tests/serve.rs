@@ -32,7 +32,7 @@ fn gemma_path() -> String {
 
 /// llama.cpp's greedy continuation of the `short` prompt ("The capital of France is").
 fn reference() -> (String, Vec<u32>) {
-    let m = shared::refdata::json("gemma3/prompts.json").unwrap_or_else(|e| panic!("{e}"));
+    let m = testkit::refdata::json("gemma3/prompts.json").unwrap_or_else(|e| panic!("{e}"));
     let p = m["prompts"]
         .as_array()
         .unwrap()

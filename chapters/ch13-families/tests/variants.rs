@@ -8,11 +8,11 @@
 use ch13::ch06::agreement::{GreedyStep, greedy_step_within};
 use ch13::synthetic;
 use ch13::{
-    Batch, DenseLoader, FastLoader, Gguf, GgufFile, HIDDEN_TOL, Model, PoolKind, Recorder,
-    Tokenizer, new_pool,
+    Batch, DenseLoader, FastLoader, Gguf, GgufFile, Model, PoolKind, Recorder, Tokenizer, new_pool,
 };
-use shared::refdata::{self, TensorFile};
-use shared::{Tolerance, assert_close};
+use testkit::HIDDEN_TOL;
+use testkit::refdata::{self, TensorFile};
+use testkit::{Tolerance, assert_close};
 
 /// Logits of the synthetic models: chapter 4's `LOGITS_TOL` reasoning (f32 sums in another
 /// order, a 128-term dot product per vocabulary entry after two layers) with a larger relative

@@ -38,7 +38,7 @@ pub fn gguf(name: &str) -> GgufFile {
     let path = match name {
         "default" => shared::default_model_path().unwrap_or_else(|e| panic!("{e}")),
         "gemma-3" => shared::ensure_cached(&shared::GEMMA3_MODEL).unwrap_or_else(|e| panic!("{e}")),
-        _ => shared::refdata::path(&format!("tokenizer/ggml-vocab-{name}.gguf"))
+        _ => testkit::refdata::path(&format!("tokenizer/ggml-vocab-{name}.gguf"))
             .unwrap_or_else(|e| panic!("{e}")),
     };
     GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"))

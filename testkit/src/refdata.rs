@@ -67,7 +67,7 @@ impl std::error::Error for RefError {}
 pub fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("shared/ has a parent")
+        .expect("testkit/ has a parent")
         .join("reference-data")
 }
 

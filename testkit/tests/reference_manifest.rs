@@ -6,10 +6,10 @@
 
 use serde_json::Value;
 use shared::model::sha256_file;
-use shared::refdata::{self, TensorFile};
 use shared::{DEFAULT_MODEL, default_model_path};
 use std::collections::BTreeSet;
 use std::path::Path;
+use testkit::refdata::{self, TensorFile};
 
 const HINT: &str = "hint: re-run `scripts/export-reference` and commit reference-data/";
 

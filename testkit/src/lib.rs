@@ -1,0 +1,22 @@
+//! What only the tests use: a dev-dependency of every chapter, never compiled into the engine.
+//!
+//! - [`refdata`]: reading what llama.cpp computed (`reference-data/`), with a hint on how to
+//!   regenerate it when it is missing or stale.
+//! - [`compare`]: the one tensor comparison helper that every check against llama.cpp goes
+//!   through, with named tolerances and a report that says where two tensors diverge.
+//! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
+
+pub mod alloc;
+pub mod compare;
+pub mod refdata;
+
+pub use compare::{Tolerance, assert_close, compare};
+
+/// How far our hidden states (each layer's output) may be from llama.cpp's on the f32 path
+/// (chapter 4's check, and every later one on the f32 path). Both sides compute in f32 but sum
+/// in different orders, and each layer passes its rounding on to the next. The residual stream
+/// holds values up to 20,000 (relative error about 4e-7 there) and values near zero left after
+/// terms of several hundred cancel, whose error is absolute: f32's 6e-8 of those terms, grown
+/// over 30 layers, is observed up to 1.6e-4. A wrong norm, activation or residual connection is
+/// off by whole units.
+pub const HIDDEN_TOL: Tolerance = Tolerance::new(1e-3, 1e-4);
