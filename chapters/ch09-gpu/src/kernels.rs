@@ -12,22 +12,12 @@
 //! replays the list of ops into one command encoder.
 
 use crate::device::{Gpu, GpuError, View};
-use crate::weights::GpuMatrix;
+use crate::weights::{GpuMatrix, supported_types, type_source};
 use ch08::ch01::GgmlType;
 use wgpu::util::DeviceExt;
 
 const STEP: &str = include_str!("shaders/step.wgsl");
 const BLOCKS: &str = include_str!("shaders/blocks.wgsl");
-
-/// The weight types with a `dequant8`, and their sources.
-pub const GPU_TYPES: [(GgmlType, &str); 6] = [
-    (GgmlType::F32, include_str!("shaders/f32.wgsl")),
-    (GgmlType::F16, include_str!("shaders/f16.wgsl")),
-    (GgmlType::Q8_0, include_str!("shaders/q8_0.wgsl")),
-    (GgmlType::Q4_0, include_str!("shaders/q4_0.wgsl")),
-    (GgmlType::Q4_1, include_str!("shaders/q4_1.wgsl")),
-    (GgmlType::Q4_K, include_str!("shaders/q4_k.wgsl")),
-];
 
 /// Every kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,20 +65,6 @@ impl Kernel {
             Kernel::Add => include_str!("shaders/add.wgsl"),
         }
     }
-}
-
-/// The source of a weight type's `dequant8`, or `None` when the GPU path has no kernel for it.
-pub fn type_source(ty: GgmlType) -> Option<&'static str> {
-    GPU_TYPES.iter().find(|(t, _)| *t == ty).map(|(_, s)| *s)
-}
-
-/// Names of the weight types the kernels read, for error messages.
-pub fn supported_types() -> String {
-    GPU_TYPES
-        .iter()
-        .map(|(t, _)| t.name())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl Gpu {

@@ -6,9 +6,33 @@
 //! error that names the tensor and its type.
 
 use crate::device::{Gpu, GpuError, View};
-use crate::kernels::{supported_types, type_source};
 use ch08::ch01::{GgmlType, GgufFile};
 use ch08::ch03::matrix::matrix_bytes;
+
+/// The weight types the GPU reads, each with its `dequant8`: the WGSL that reads one block of
+/// the type (the kernels that take weights are compiled once per type, with it).
+pub const GPU_TYPES: [(GgmlType, &str); 6] = [
+    (GgmlType::F32, include_str!("shaders/f32.wgsl")),
+    (GgmlType::F16, include_str!("shaders/f16.wgsl")),
+    (GgmlType::Q8_0, include_str!("shaders/q8_0.wgsl")),
+    (GgmlType::Q4_0, include_str!("shaders/q4_0.wgsl")),
+    (GgmlType::Q4_1, include_str!("shaders/q4_1.wgsl")),
+    (GgmlType::Q4_K, include_str!("shaders/q4_k.wgsl")),
+];
+
+/// The source of a weight type's `dequant8`, or `None` when the GPU path has no kernel for it.
+pub fn type_source(ty: GgmlType) -> Option<&'static str> {
+    GPU_TYPES.iter().find(|(t, _)| *t == ty).map(|(_, s)| *s)
+}
+
+/// Names of the weight types the kernels read, for error messages.
+pub fn supported_types() -> String {
+    GPU_TYPES
+        .iter()
+        .map(|(t, _)| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// A `(rows, cols)` weight matrix on the GPU, rows of blocks as in the file.
 pub struct GpuMatrix {
