@@ -37,6 +37,7 @@
 //! and generated ids into text.
 
 pub mod bpe;
+mod charsmap;
 pub mod chat;
 pub mod decode;
 mod error;

@@ -532,7 +532,7 @@ impl Vocab {
         };
 
         let precompiled_charsmap = opts.precompiled_charsmap.clone().unwrap_or_default();
-        if d.kind == VocabKind::Ugm && !crate::ugm::check_charsmap(&precompiled_charsmap) {
+        if d.kind == VocabKind::Ugm && !crate::charsmap::check_charsmap(&precompiled_charsmap) {
             return Err(TokenizerError::BadCharsMap {
                 len: precompiled_charsmap.len(),
             });

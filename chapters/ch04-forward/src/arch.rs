@@ -15,9 +15,10 @@
 //!
 //! [`Model::load`](crate::Model::load) is given an [`Architectures`] value — the set it may
 //! load — and builds the model of whichever one the file names. This chapter's set is
-//! [`architectures()`]: llama ([`crate::llama`]), the only one so far. A trait with one
-//! implementation costs a virtual call per forward pass and buys this: a later chapter adds
-//! an architecture by building a bigger set and passing it in, without editing this one.
+//! [`architectures()`](crate::architectures): llama ([`crate::llama`]), the only one so far.
+//! A trait with one implementation costs a virtual call per forward pass and buys this: a
+//! later chapter adds an architecture by building a bigger set and passing it in, without
+//! editing this one.
 
 use crate::batch::Batch;
 use crate::compute::{Compute, Scratch};
@@ -139,11 +140,6 @@ impl Architectures {
     }
 }
 // ANCHOR_END: architecture
-
-/// The architectures of this chapter: llama.
-pub fn architectures() -> Architectures {
-    Architectures::new().with(crate::llama::ARCHITECTURE)
-}
 
 impl dyn Blocks {
     /// These blocks as their concrete type `B`, if they are one (for tests and diagnostics

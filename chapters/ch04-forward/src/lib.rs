@@ -35,7 +35,7 @@ pub mod llama;
 pub mod model;
 pub mod sampling;
 
-pub use arch::{Architecture, Architectures, Blocks, Ctx, LoadBlocks, architectures};
+pub use arch::{Architecture, Architectures, Blocks, Ctx, LoadBlocks};
 pub use compute::{Activation, Compute, Scratch};
 
 pub use generate::{
@@ -44,6 +44,12 @@ pub use generate::{
 };
 pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_context};
 pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
+
+/// The architectures of this chapter: llama. Every later chapter passes this set on, or a
+/// bigger one.
+pub fn architectures() -> Architectures {
+    Architectures::new().with(llama::ARCHITECTURE)
+}
 
 /// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".
 pub use ch02::{self, ChatTemplate, Message, StreamDecoder, Tokenizer};

@@ -31,7 +31,8 @@ struct Cli {
     /// GGUF model file (default: the default model).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    #[arg(long, short = 't', default_value_t = 1)]
+    /// Threads (default: the physical cores).
+    #[arg(long, short = 't', default_value_t = ch08::cli::default_threads())]
     threads: usize,
     /// Prompt length in tokens (a repeated sentence).
     #[arg(long, default_value_t = 124)]

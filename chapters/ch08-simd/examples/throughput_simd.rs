@@ -16,8 +16,8 @@ struct Args {
     /// Runs of each measurement; the table shows the median.
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Threads of the pool the products and attention run on.
-    #[arg(long, short = 't', default_value_t = 1)]
+    /// Threads of the pool the products and attention run on (default: the physical cores).
+    #[arg(long, short = 't', default_value_t = ch08::cli::default_threads())]
     threads: usize,
 }
 
