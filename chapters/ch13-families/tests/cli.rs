@@ -40,7 +40,11 @@ fn no_subcommand_is_a_usage_error_that_lists_them() {
     }
     let out = llm_rs(&["quantise"], None);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("quantise"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("quantise"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -48,16 +52,26 @@ fn each_subcommand_has_its_chapters_flags() {
     let out = llm_rs(&["run", "--help"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let help = text(&out.stdout);
-    assert!(help.contains("--threads") && help.contains("physical cores"), "{help}");
+    assert!(
+        help.contains("--threads") && help.contains("physical cores"),
+        "{help}"
+    );
     assert!(help.contains("--no-mmap"), "chapter 10's flags: {help}");
     let out = llm_rs(&["serve", "--help"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let help = text(&out.stdout);
-    assert!(help.contains("--parallel") && help.contains("--drain-timeout"), "{help}");
+    assert!(
+        help.contains("--parallel") && help.contains("--drain-timeout"),
+        "{help}"
+    );
     // A flag of another subcommand is refused, naming it.
     let out = llm_rs(&["run", "--parallel", "4", "Hi"], None);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--parallel"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--parallel"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -65,7 +79,17 @@ fn run_and_chat_generate_with_the_default_model() {
     let model = default_model();
     let model = model.to_str().unwrap();
     let out = llm_rs(
-        &["run", "--model", model, "--temp", "0", "-n", "8", "--json", "The capital of France is"],
+        &[
+            "run",
+            "--model",
+            model,
+            "--temp",
+            "0",
+            "-n",
+            "8",
+            "--json",
+            "The capital of France is",
+        ],
         None,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
