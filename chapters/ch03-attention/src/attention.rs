@@ -13,10 +13,10 @@
 //! KV heads, so query heads 0–2 read KV head 0, 3–5 KV head 1, 6–8 KV head 2. The KV cache is
 //! three times smaller than with one KV head per query head.
 
-use crate::compute::{AttentionOps, AttnScratch, Scalar};
 use crate::kv::{KvDyn, KvError, KvStore, KvView};
 use crate::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
 use crate::observe::Observer;
+use crate::ops::{AttentionOps, AttnScratch, Scalar};
 use crate::rope::{RopeScale, RopeTable};
 use ch01::config::RopeScalingType;
 use ch01::{Config, GgufFile};

@@ -8,7 +8,7 @@
 //! - [`attention`]: scaled dot-product attention with a causal mask and a stable softmax,
 //!   multi-head and grouped-query, an optional sliding window, and one layer's Q/K/V/O
 //!   projections.
-//! - [`compute`]: the seam for the non-product work of attention ([`AttentionOps`]: RoPE and
+//! - [`ops`]: the compute seam for the non-product work of attention ([`AttentionOps`]: RoPE and
 //!   the attention of a batch of queries), whose default methods are this chapter's scalar
 //!   code; chapter 8 implements it with SIMD kernels on threads.
 //! - [`kv`]: where keys and values are kept between positions. Here a plain growable store,
@@ -20,17 +20,17 @@
 //! 4), keeping keys and values across calls (chapter 5), quantized weights (chapter 6).
 
 pub mod attention;
-pub mod compute;
 pub mod kv;
 pub mod matrix;
 pub mod observe;
+pub mod ops;
 pub mod rope;
 
 pub use attention::{Attention, AttentionWeights, AttnBias, TokenPos, softmax};
-pub use compute::{AttentionOps, AttnScratch, Scalar};
 pub use kv::{KvDyn, KvError, KvStore, KvView, VecKv};
 pub use matrix::{DenseLoader, DenseMatrix, LoadError, Matrix, MatrixLoader};
 pub use observe::{NoObserver, Observer, Recorder};
+pub use ops::{AttentionOps, AttnScratch, Scalar};
 pub use rope::{RopeScale, RopeStyle, RopeTable};
 
 /// Everything earlier chapters offer, so `ch03` reads as "the engine as of chapter 3".

@@ -16,9 +16,9 @@
 
 use ch08::ch01::GgmlType;
 use ch08::ch03::matrix::Matrix;
+use ch08::fast_matrix::Store;
 use ch08::gemm::{PREFETCH, PackedMatrix};
 use ch08::kernels::KernelSet;
-use ch08::matrix::Store;
 use ch08::pool::{Parallel, SpinPool};
 use ch08::{FastMatrix, QMatrix};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

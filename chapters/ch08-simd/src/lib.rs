@@ -10,24 +10,24 @@
 //!   16 rows by up to 8 tokens with AVX-512 VNNI, loading each weight once per product;
 //! - [`pool`]: a persistent spin-then-sleep thread pool for products of a few microseconds, and
 //!   rayon behind the same [`Parallel`] trait for comparison;
-//! - [`matrix`]: [`FastMatrix`], chapter 3's `Matrix` on all of the above, and [`FastLoader`],
+//! - [`fast_matrix`]: [`FastMatrix`], chapter 3's `Matrix` on all of the above, and [`FastLoader`],
 //!   the `MatrixLoader` that makes one from each tensor;
-//! - [`compute`]: [`SimdCompute`], chapter 4's `Compute` seam — tiled attention with an online
+//! - [`simd_compute`]: [`SimdCompute`], chapter 4's `Compute` seam — tiled attention with an online
 //!   softmax (split over keys when decoding), RMSNorm, SwiGLU and the residual add — with
 //!   vector kernels on the same pool, so the whole layer is fast, not only its products.
 //!
 //! Left for later: weights are copied out of the file instead of mapped (chapter 10).
 
-pub mod compute;
+pub mod fast_matrix;
 pub mod gemm;
 pub mod kernels;
-pub mod matrix;
 pub mod pool;
 pub mod simd;
+pub mod simd_compute;
 
-pub use compute::SimdCompute;
-pub use matrix::{FastLoader, FastMatrix};
+pub use fast_matrix::{FastLoader, FastMatrix};
 pub use pool::{Parallel, PoolKind, RayonPool, SpinPool, new_pool};
+pub use simd_compute::SimdCompute;
 
 /// Everything earlier chapters offer, so `ch08` reads as "the engine as of chapter 8".
 pub use ch07::{self, *};

@@ -9,9 +9,9 @@
 //!   f64 in one go, and rescales as the running maximum grows.
 
 use ch08::ch03::{Attention, AttentionOps, KvStore, RopeStyle, RopeTable, Scalar, TokenPos, VecKv};
-use ch08::compute::{F32Isa, F32Simd, Portable, SimdCompute};
 use ch08::kernels::KernelSet;
 use ch08::pool::{Parallel, RayonPool, SpinPool};
+use ch08::simd_compute::{F32Isa, F32Simd, Portable, SimdCompute};
 use ch08::{Activation, Compute, ContiguousCache, Overflow};
 use proptest::prelude::*;
 use std::sync::Arc;

@@ -15,8 +15,8 @@
 use ch08::agreement::{MAX_KL, check_tie_fraction, greedy_step, kl_divergence, teacher_forced};
 use ch08::ch01::{GgmlType, Gguf, GgufFile, TensorInfo};
 use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
+use ch08::fast_matrix::FastMatrix;
 use ch08::kernels::{Isa, KernelSet};
-use ch08::matrix::FastMatrix;
 use ch08::pool::{Parallel, RayonPool, SpinPool};
 use ch08::sampling::argmax;
 use ch08::{

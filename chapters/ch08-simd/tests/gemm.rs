@@ -7,9 +7,9 @@
 //! the same exact integer sums in another order; they are held to a float-rounding tolerance.
 
 use ch08::ch01::GgmlType;
+use ch08::fast_matrix::{FastMatrix, Store};
 use ch08::gemm::{PackedMatrix, PackedType};
 use ch08::kernels::{Isa, KernelSet};
-use ch08::matrix::{FastMatrix, Store};
 use ch08::pool::{Parallel, RayonPool, SpinPool};
 use ch08::{Matrix, QMatrix, quantize_chunk};
 use std::sync::Arc;

@@ -6,12 +6,12 @@
 //! - [`device`]: [`Gpu`] (an adapter and its device, any backend; when there is none, an
 //!   error that lists what was seen), uploads, [`View`] (a range of a buffer), and
 //!   [`Readback`] (results back to the host);
-//! - [`kernels`]: the WGSL sources in `src/shaders/` — products on the file's blocks (F32,
+//! - [`gpu_kernels`]: the WGSL sources in `src/shaders/` — products on the file's blocks (F32,
 //!   F16, Q8_0, Q4_0, Q4_1, Q4_K; `mul_mat_vec` for a few tokens, the tiled `mul_mat` for a
 //!   batch), `get_rows`, RMSNorm, RoPE, `set_rows` into the KV cache, attention with an online
 //!   softmax, SwiGLU, the residual add — compiled once, and [`Op`], one recorded launch;
 //! - [`weights`]: [`GpuMatrix`], a tensor's blocks copied once into GPU memory;
-//! - [`model`]: [`GpuModel`], all layers resident, activations and KV cache in a [`Pool`]
+//! - [`gpu_model`]: [`GpuModel`], all layers resident, activations and KV cache in a [`Pool`]
 //!   allocated at load, one command encoder and one submit per forward call, only the logits
 //!   read back.
 //!
@@ -25,13 +25,13 @@
 //! engine runs on the CPU.
 
 pub mod device;
-pub mod kernels;
-pub mod model;
+pub mod gpu_kernels;
+pub mod gpu_model;
 pub mod weights;
 
 pub use device::{Gpu, GpuError, Readback, View};
-pub use kernels::{Count, Grid, Kernel, Op, OpBuilder, Step};
-pub use model::{GpuModel, GpuOptions, Pool};
+pub use gpu_kernels::{Count, Grid, Kernel, Op, OpBuilder, Step};
+pub use gpu_model::{GpuModel, GpuOptions, Pool};
 pub use weights::GpuMatrix;
 
 /// Everything earlier chapters offer, so `ch09` reads as "the engine as of chapter 9".

@@ -16,7 +16,7 @@ mod common;
 use ch09::ch01::GgmlType;
 use ch09::ch03::matrix::matmul;
 use ch09::ch04::compute::rms_norm;
-use ch09::model::rope_cos_sin;
+use ch09::gpu_model::rope_cos_sin;
 use ch09::quants::type_traits;
 use ch09::{
     Attention, AttentionOps, Compute, Count, Gpu, GpuError, GpuMatrix, GpuModel, Kernel, KvStore,

@@ -114,7 +114,7 @@ impl Engine {
         archs: &Architectures,
     ) -> Result<Engine, Box<dyn Error>> {
         let t0 = Instant::now();
-        let repacked = fast.pack && ch08::matrix::packs(&fast.kernels);
+        let repacked = fast.pack && ch08::fast_matrix::packs(&fast.kernels);
         let (model, gguf, mapped) = match mode {
             LoadMode::Map(opts) => {
                 let (file, bytes) = map_gguf(path, &opts)?;

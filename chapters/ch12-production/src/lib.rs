@@ -10,7 +10,7 @@
 //! - [`serve`]: an accept loop with a time limit on request headers, and a shutdown that
 //!   drains (SIGTERM: stop accepting, finish what is in flight within `--drain-timeout`, end
 //!   the rest with their final events, exit 0);
-//! - [`config`]: every flag also from `LLM_RS_<FLAG>` and from a TOML file.
+//! - [`settings`]: every flag also from `LLM_RS_<FLAG>` and from a TOML file.
 //!
 //! Faults: a panic inside a step fails the requests of that step with a 500 and the engine
 //! goes on with a fresh scheduler (chapter 11's worker catches it); a panic in a handler is a
@@ -24,9 +24,9 @@
 //! [`Observer`]: ch11::worker::Observer
 
 pub mod app;
-pub mod config;
 pub mod metrics;
 pub mod serve;
+pub mod settings;
 
 use app::App;
 use clap::{Parser, ValueEnum};
@@ -103,8 +103,8 @@ pub struct Args {
 
 impl Args {
     /// Parse the command line, the environment and the configuration file.
-    pub fn load() -> Result<Args, config::ConfigError> {
-        config::parse_from(std::env::args_os().collect(), "config")
+    pub fn load() -> Result<Args, settings::ConfigError> {
+        settings::parse_from(std::env::args_os().collect(), "config")
     }
 
     /// Refuse settings that cannot work, before anything loads.
@@ -286,9 +286,9 @@ pub fn main(archs: Architectures) {
 /// [`main`] on the command line `argv` (its first item the program's name).
 pub fn main_from(argv: Vec<std::ffi::OsString>, archs: Architectures) {
     use clap::CommandFactory;
-    let mut args = match config::parse_from::<Args>(argv, "config") {
+    let mut args = match settings::parse_from::<Args>(argv, "config") {
         Ok(a) => a,
-        Err(config::ConfigError::Clap(e)) => e.exit(),
+        Err(settings::ConfigError::Clap(e)) => e.exit(),
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(2);

@@ -25,7 +25,7 @@
 
 // ANCHOR: f32simd
 /// Lane operations on f32 slices, the building blocks of every kernel here. Implemented by
-/// [`Portable`](crate::compute::Portable) and, on x86-64, by AVX2 + FMA.
+/// [`Portable`](crate::simd_compute::Portable) and, on x86-64, by AVX2 + FMA.
 ///
 /// # Safety
 /// The methods are unsafe because an implementation may use instructions the CPU must have:

@@ -13,7 +13,7 @@
 //! drives it unchanged.
 
 use crate::device::{Gpu, GpuError, Readback, View};
-use crate::kernels::{Count, Op, OpBuilder, Step};
+use crate::gpu_kernels::{Count, Op, OpBuilder, Step};
 use crate::weights::GpuMatrix;
 use ch08::ch01::GgufFile;
 use ch08::ch03::matrix::load_vector;

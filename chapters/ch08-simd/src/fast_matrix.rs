@@ -308,7 +308,7 @@ impl FastLoader {
     /// The rest of the layer on the same kernels' instruction set and the same pool: give it
     /// to [`Model::with_compute`](crate::Model::with_compute).
     pub fn compute(&self) -> Arc<dyn crate::ch04::Compute> {
-        Arc::new(crate::compute::SimdCompute::new(
+        Arc::new(crate::simd_compute::SimdCompute::new(
             &self.kernels,
             self.pool.clone(),
         ))
