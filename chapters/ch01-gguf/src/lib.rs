@@ -10,7 +10,8 @@
 //! - [`gguf`]: the parser ([`Gguf::parse`]), metadata [`Value`]s, [`TensorInfo`], and
 //!   [`GgufFile`], which keeps the file's bytes to hand out each tensor's data;
 //! - [`dequant`]: converting F32, F16, BF16, Q8_0 and Q4_1 data to f32, the plain way;
-//! - [`config`]: the model's hyperparameters ([`Config`]) from the metadata.
+//! - [`config`]: the model's hyperparameters ([`Config`]) from the metadata;
+//! - [`inspect`]: what a file holds, as text (the `inspect` example prints it).
 //!
 //! Left for later: the tokenizer (chapter 2) reads its vocabulary from the metadata parsed
 //! here; quantized blocks as real types and dot products on them come in chapter 6; reading
@@ -20,6 +21,7 @@ pub mod config;
 pub mod dequant;
 pub mod ggml_type;
 pub mod gguf;
+pub mod inspect;
 
 pub use config::Config;
 pub use ggml_type::GgmlType;

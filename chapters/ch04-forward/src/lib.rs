@@ -9,6 +9,7 @@
 //! - [`arch`]: architectures as values: the [`Blocks`] trait a model's layers implement, and
 //!   [`Architectures`], the set of architectures [`Model::load`] is given.
 //! - [`llama`]: llama, the first architecture: its blocks and its loader.
+//! - [`batch`]: the tokens of one forward pass, each with its sequence and position.
 //! - [`model`]: token embeddings, the architecture's blocks, the final norm and the output
 //!   projection (tied to the embeddings when the file has no `output.weight`), and
 //!   [`Model::forward`] over a [`Batch`] of tokens.

@@ -116,3 +116,26 @@ fn an_architecture_outside_the_set_is_refused_by_name() {
     );
     assert_eq!(ch13::architectures().names(), ["llama", "gemma3", "qwen2"]);
 }
+
+#[test]
+fn inspect_says_what_a_file_holds_and_whether_it_runs() {
+    let model = default_model();
+    let out = llm_rs(&["inspect", model.to_str().unwrap()], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    for want in [
+        "llama.block_count",
+        "token_embd.weight",
+        "config:",
+        "llm-rs runs architecture \"llama\" (it runs llama, gemma3, qwen2)",
+    ] {
+        assert!(s.contains(want), "{want:?} missing from:\n{s}");
+    }
+    let out = llm_rs(&["inspect", "no-such-file.gguf"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no-such-file.gguf"),
+        "{}",
+        text(&out.stderr)
+    );
+}

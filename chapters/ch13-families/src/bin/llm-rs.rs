@@ -4,13 +4,18 @@
 //! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags);
 //! - `llm-rs chat [--model PATH]`: a conversation, one message per line of standard input;
 //! - `llm-rs serve [--port 8080] …`: the production server (chapter 12's, its flags,
-//!   environment variables and configuration file).
+//!   environment variables and configuration file);
+//! - `llm-rs inspect [PATH]`: what a GGUF file holds (chapter 1's summary, the configuration),
+//!   and whether this engine runs its architecture.
 //!
 //! `llm-rs SUBCOMMAND --help` lists a subcommand's flags. When a chapter is added above this
 //! one, this file moves up to it and names that chapter's set of architectures instead.
 
+use ch13::{Architectures, Config, GgufFile};
 use clap::{Parser, Subcommand};
+use std::error::Error;
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 /// Run GGUF models: complete a prompt, chat, or serve OpenAI's API.
 #[derive(Parser)]
@@ -41,6 +46,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Print what a GGUF file holds — metadata, tensors, configuration — and whether llm-rs
+    /// runs it.
+    Inspect {
+        /// GGUF file (default: the default model, fetched on first use).
+        path: Option<PathBuf>,
+    },
 }
 
 /// The command line a chapter's own `main` parses: its name, then `args`.
@@ -53,9 +64,42 @@ fn argv(name: &str, first: &[&str], args: Vec<OsString>) -> Vec<OsString> {
     v
 }
 
+/// `llm-rs inspect`: chapter 1's summary of the file, its configuration, and whether `archs`
+/// has its architecture.
+fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn Error>> {
+    let path = match path {
+        Some(p) => p,
+        None => shared::default_model_path()?,
+    };
+    let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    print!("{}", ch13::ch01::inspect::summary(&file, &name));
+    let arch = file
+        .gguf
+        .architecture()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("\nconfig:");
+    match Config::from_gguf(&file.gguf, &[arch]) {
+        Ok(c) => print!("{c}"),
+        Err(e) => println!("  (none: {e})"),
+    }
+    let names = archs.names().join(", ");
+    match archs.get(arch) {
+        Some(_) => println!("\nllm-rs runs architecture {arch:?} (it runs {names})"),
+        None => println!("\nllm-rs does not run architecture {arch:?} (it runs {names})"),
+    }
+    Ok(())
+}
+
 fn main() {
     let archs = ch13::architectures();
     match Cli::parse().command {
+        Command::Inspect { path } => {
+            if let Err(e) = inspect(path, &archs) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
         Command::Run { args } => ch13::engine::main_from(argv("llm-rs run", &[], args), archs),
         Command::Chat { args } => {
             ch13::engine::main_from(argv("llm-rs chat", &["--chat"], args), archs)
