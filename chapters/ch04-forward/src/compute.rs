@@ -2,8 +2,8 @@
 //!
 //! [`Compute`] extends chapter 3's [`AttentionOps`] with the per-token work this chapter adds:
 //! RMSNorm, the feed-forward gate and the residual add. Its provided methods are this chapter's
-//! scalar code (the reference, the functions of this module); [`Scalar`] uses them as they are. A [`Model`](crate::Model)
-//! holds one `Compute`, so chapter 8 makes the whole layer fast by handing in its own, as it
+//! scalar code (the reference: the functions of this module); [`Scalar`] uses them as they
+//! are. A [`Model`](crate::Model) holds one `Compute`, so chapter 8 makes the whole layer fast by handing in its own, as it
 //! hands in its own matrices through `MatrixLoader`, and the forward pass does not change.
 //!
 //! [`Scratch`] holds every activation buffer of a forward pass, sized by the largest batch it
@@ -56,15 +56,23 @@ pub fn gelu(x: f32) -> f32 {
 /// input rounded to f16 (`GGML_GELU_FP16`); inputs at or beyond ±10 are exact (0 or `x`).
 /// 256 KiB once, and the same numbers as llama.cpp to the bit.
 pub fn gelu_f16(x: f32) -> f32 {
+    gelu_lookup(gelu_table(), x)
+}
+
+/// The table of [`gelu_f16`], built on first use.
+fn gelu_table() -> &'static [f32] {
     static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
-    let table = TABLE.get_or_init(|| {
+    TABLE.get_or_init(|| {
         (0..=u16::MAX)
             .map(|bits| {
                 let x = half::f16::from_bits(bits).to_f32();
                 half::f16::from_f32(gelu(x)).to_f32()
             })
             .collect()
-    });
+    })
+}
+
+fn gelu_lookup(table: &[f32], x: f32) -> f32 {
     if x <= -10.0 {
         0.0
     } else if x >= 10.0 {
@@ -74,6 +82,22 @@ pub fn gelu_f16(x: f32) -> f32 {
     }
 }
 // ANCHOR_END: activations
+
+/// The SwiGLU gate in place: `gate = silu(gate) ⊙ up` (ggml's `swiglu`).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+/// The GELU gate in place: `gate = gelu_f16(gate) ⊙ up` (ggml's `geglu` on the CPU). Chapter
+/// 8's threads each run it on their share: it is a table lookup, not arithmetic to vectorise.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    let table = gelu_table();
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_lookup(table, *g) * u;
+    }
+}
 
 /// The activation of a feed-forward gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,12 +119,9 @@ pub trait Compute: AttentionOps {
 
     /// The feed-forward gate in place: `gate = act(gate) ⊙ up` (both `(n, n_ff)`).
     fn glu(&self, act: Activation, gate: &mut [f32], up: &[f32]) {
-        let act: fn(f32) -> f32 = match act {
-            Activation::Silu => silu,
-            Activation::GeluTanh => gelu_f16,
-        };
-        for (g, u) in gate.iter_mut().zip(up) {
-            *g = act(*g) * u;
+        match act {
+            Activation::Silu => swiglu(gate, up),
+            Activation::GeluTanh => geglu(gate, up),
         }
     }
 

@@ -26,7 +26,7 @@
 //! allocated per token.
 
 use crate::ch04::ch03::{Attention, KvView, RopeTable, TokenPos};
-use crate::ch04::compute::gelu_f16;
+use crate::ch04::compute::geglu;
 use crate::ch04::{Activation, AttentionOps, Compute};
 use crate::kernels::{Isa, KernelSet};
 use crate::pool::Parallel;
@@ -728,13 +728,9 @@ impl Compute for SimdCompute {
             let g = unsafe { g.slice(r.start, r.len()) };
             match act {
                 Activation::Silu => for_isa!(self.isa, silu_mul::<S>(g, &up[r])),
-                // ggml's GELU is a lookup in an f16 table (the reference's, to the bit): the
-                // threads share the work, each element a conversion and a load.
-                Activation::GeluTanh => {
-                    for (g, u) in g.iter_mut().zip(&up[r]) {
-                        *g = gelu_f16(*g) * u;
-                    }
-                }
+                // ggml's GELU is a lookup in an f16 table: the reference's own loop (the same
+                // bits), on each thread's share.
+                Activation::GeluTanh => geglu(g, &up[r]),
             }
         });
     }
