@@ -43,7 +43,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p ch13 --bin llm-rs -p shared --bin fetch-model \
+    cargo build --release --locked -p llm-rs --bin llm-rs -p shared --bin fetch-model \
     && install -D -m 0755 -t /out target/release/llm-rs target/release/fetch-model
 
 # ---- model: fetched at build time, only built when BAKE_MODEL=1 ----

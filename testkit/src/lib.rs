@@ -5,12 +5,15 @@
 //! - [`compare`]: the one tensor comparison helper that every check against llama.cpp goes
 //!   through, with named tolerances and a report that says where two tensors diverge.
 //! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
+//! - [`program`]: a chapter's example or the `llm-rs` binary, built for a test that runs it.
 
 pub mod alloc;
 pub mod compare;
+pub mod program;
 pub mod refdata;
 
 pub use compare::{Tolerance, assert_close, compare};
+pub use program::{Target, program};
 
 /// How far our hidden states (each layer's output) may be from llama.cpp's on the f32 path
 /// (chapter 4's check, and every later one on the f32 path). Both sides compute in f32 but sum

@@ -5,7 +5,7 @@
 use ch04::{DenseLoader, Model, Uncached};
 
 fn main() {
-    ch04::cli::main(
+    flags::generate::main(
         |file| Ok(Model::load(file, &DenseLoader, &ch04::architectures())?),
         |model, _| Box::new(Uncached::new(model)),
     );

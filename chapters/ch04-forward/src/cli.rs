@@ -1,27 +1,28 @@
-//! The command line of every chapter's engine, from this chapter's `generate` example to the
-//! finished binary of chapter 10. A chapter plugs in what it changes and keeps the rest:
+//! What every chapter's engine does for its command line, from this chapter's `generate`
+//! example to the finished engine of chapter 10. A chapter plugs in what it changes and keeps
+//! the rest:
 //! - how the model loads (the `load` closure of [`run`]);
 //! - how logits are computed: a [`Session`] for chapters 4–8 ([`Sessions`]), or any other
 //!   [`Runner`] (chapter 10 runs chapter 7's scheduler);
-//! - flags of its own, next to [`Args`] through `#[command(flatten)]`;
+//! - settings of its own, next to [`Args`];
 //! - fields of its own in the `--json` report ([`Runner::report`]).
 //!
 //! The loop itself — one prompt, or a conversation with `--chat` — the llama.cpp-style timing
-//! lines and the JSON report are [`drive`]'s, the same in every chapter.
+//! lines and the JSON report are [`drive`]'s, the same in every chapter. Parsing the flags is
+//! not: it is the programs' job (the workspace's `flags` crate, with clap), so that this
+//! library, and every chapter built on it, can be used without a command line.
 
 use crate::generate::{GenParams, Generation, Session, StopReason, generate};
 use crate::model::{ForwardError, Model};
 use crate::sampling::SamplerParams;
 use ch02::{ChatTemplate, Message, Tokenizer};
 use ch03::{GgufFile, KvError};
-use clap::Parser;
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Generate text with a GGUF model.
 /// The default `--threads`: the machine's physical cores (llama.cpp's
 /// `cpu_get_num_physical_cores`: one per distinct set of hardware-thread siblings in
 /// `/sys/devices/system/cpu`), at most the cores this process may run on, and those where the
@@ -42,64 +43,69 @@ pub fn default_threads() -> usize {
     }
 }
 
-#[derive(Parser, Debug, Clone)]
+/// What a run of the command line is asked to do: the settings behind chapter 4's flags
+/// (`--model`, the prompt, `-n`, the sampler, `--threads`, `--ctx`, `--chat`, `--system`,
+/// `--stop`, `--json`). The flags themselves — their names, help and parsing — belong to the
+/// programs (the `flags` crate), not to this library; [`Args::default`] is what they default to.
+#[derive(Debug, Clone)]
 pub struct Args {
-    /// GGUF model file (default: the default model, fetched on first use).
-    #[arg(long)]
+    /// GGUF model file (`None`: the default model, fetched on first use).
     pub model: Option<PathBuf>,
-    /// The prompt (or give it as the last argument).
-    #[arg(long, short)]
+    /// The prompt (`--prompt` or the positional argument).
     pub prompt: Option<String>,
-    /// The prompt, as a positional argument.
-    #[arg(value_name = "PROMPT", conflicts_with = "prompt")]
-    pub prompt_arg: Option<String>,
     /// Number of tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n: usize,
     /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
     pub temp: f32,
-    #[arg(long, default_value_t = 40)]
     pub top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
     pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
     pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// Random seed (default: from the clock; printed so a run can be repeated).
-    #[arg(long)]
+    /// Random seed (`None`: from the clock; printed so a run can be repeated).
     pub seed: Option<u64>,
-    /// Threads (used from chapter 8 on); by default the machine's physical cores, as
-    /// llama.cpp chooses.
-    #[arg(long, short = 't', default_value_t = default_threads())]
+    /// Threads (used from chapter 8 on).
     pub threads: usize,
-    /// Context size: positions a run holds (default: 4096, or the model's context if
-    /// shorter).
-    #[arg(long)]
+    /// Context size: positions a run holds (`None`: 4096, or the model's context if shorter).
     pub ctx: Option<usize>,
     /// Chat: the prompt (if any) is the first user message, then one message per line of
     /// stdin, each answered through the model's chat template; /exit or end of input stops.
-    #[arg(long)]
     pub chat: bool,
-    /// The system message of a --chat conversation (default: the template's own, if any).
-    #[arg(long, requires = "chat")]
+    /// The system message of a chat (`None`: the template's own, if any).
     pub system: Option<String>,
-    /// Stop when the text contains this (repeatable).
-    #[arg(long)]
+    /// Stop when the text contains one of these.
     pub stop: Vec<String>,
-    /// Print one JSON object instead of streaming text (not with --chat).
-    #[arg(long, conflicts_with = "chat")]
+    /// Print one JSON object instead of streaming text (not with `chat`).
     pub json: bool,
 }
 
+impl Default for Args {
+    /// llama.cpp's defaults: 128 tokens, temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+    /// no repeat penalty; threads: the machine's physical cores.
+    fn default() -> Args {
+        Args {
+            model: None,
+            prompt: None,
+            n: 128,
+            temp: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            seed: None,
+            threads: default_threads(),
+            ctx: None,
+            chat: false,
+            system: None,
+            stop: Vec::new(),
+            json: false,
+        }
+    }
+}
+
 impl Args {
-    /// The prompt from `--prompt` or the positional argument (empty if neither).
+    /// The prompt (empty if none was given).
     pub fn prompt_text(&self) -> &str {
-        self.prompt
-            .as_deref()
-            .or(self.prompt_arg.as_deref())
-            .unwrap_or("")
+        self.prompt.as_deref().unwrap_or("")
     }
 
     /// What to generate: `-n`, the sampler, `--stop`. Chat turn `turn` gets the seed plus
@@ -217,20 +223,7 @@ impl<'m, F: FnMut(&'m Model) -> Box<dyn Session<Error = ForwardError> + 'm>> Run
 }
 // ANCHOR_END: runner
 
-/// The whole `main` of a chapter's `generate` example: parse the flags, [`run`], and exit with
-/// a message on error.
-pub fn main(
-    load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn Error>>,
-    session: impl for<'m> Fn(&'m Model, &Args) -> Box<dyn Session<Error = ForwardError> + 'm>,
-) {
-    let args = Args::parse();
-    if let Err(e) = run(&args, load, |model| session(model, &args)) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
-}
-
-/// Run the example: load with `load`, compute with the sessions `session` makes, [`drive`].
+/// Run a `generate` example: load with `load`, compute with the sessions `session` makes, [`drive`].
 pub fn run(
     args: &Args,
     load: impl FnOnce(&GgufFile) -> Result<Model, Box<dyn Error>>,

@@ -5,7 +5,7 @@
 use ch05::{Cached, DenseLoader, Model};
 
 fn main() {
-    ch05::cli::main(
+    flags::generate::main(
         |file| Ok(Model::load(file, &DenseLoader, &ch05::architectures())?),
         |model, args| Box::new(Cached::contiguous(model, args.ctx)),
     );

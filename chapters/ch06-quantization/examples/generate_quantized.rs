@@ -5,7 +5,7 @@
 use ch06::{Cached, Model, QuantLoader};
 
 fn main() {
-    ch06::cli::main(
+    flags::generate::main(
         |file| Ok(Model::load(file, &QuantLoader, &ch06::architectures())?),
         |model, args| Box::new(Cached::contiguous(model, args.ctx)),
     );

@@ -2,7 +2,7 @@
 //!
 //! cargo run --release -p ch08 --example generate_simd -- --prompt "The capital of France is" -n 64 --temp 0 --threads 2
 
-use ch08::cli::{self, Args};
+use ch08::cli;
 use ch08::pool::{PoolKind, new_pool};
 use ch08::{Cached, FastLoader, Model};
 use clap::Parser;
@@ -10,7 +10,7 @@ use clap::Parser;
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: Args,
+    args: flags::generate::Generate,
     /// Thread pool for the matrix products: `spin` (ours) or `rayon`.
     #[arg(long, default_value = "spin")]
     pool: PoolKind,
@@ -25,7 +25,7 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
-    let args = &cli.args;
+    let args = &cli.args.args();
     let mut loader = FastLoader::new(new_pool(cli.pool, args.threads()));
     loader.pack = !cli.no_pack;
     let result = cli::run(

@@ -11,7 +11,6 @@ use ch08::{
     GgufFile, Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError,
     Sink, StopReason, Tokenizer, new_pool,
 };
-use clap::{CommandFactory, Parser};
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -19,40 +18,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // ANCHOR: args
-/// Run a GGUF model: complete a prompt, or chat.
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "ch10",
-    about = "Run a GGUF model: complete a prompt, or chat (--chat)."
-)]
+/// What the engine is asked to do: chapter 4's settings, and how the model loads.
+#[derive(Debug, Clone)]
 pub struct EngineArgs {
-    /// Chapter 4's flags: model, prompt, sampling, context size, --json.
-    #[command(flatten)]
+    /// Chapter 4's settings: model, prompt, sampling, context size, `--json`.
     pub generation: Args,
-    /// Read the file into memory instead of mapping it (llama.cpp's --no-mmap).
-    #[arg(long)]
+    /// Read the file into memory instead of mapping it (llama.cpp's `--no-mmap`).
     pub no_mmap: bool,
-    /// madvise hint for the mapped file.
-    #[arg(long, value_enum, default_value_t = PageAdvice::Normal)]
+    /// `madvise` hint for the mapped file.
     pub advice: PageAdvice,
-    /// Read every page of the file while mapping it (MAP_POPULATE), before the first token.
-    #[arg(long)]
+    /// Read every page of the file while mapping it (`MAP_POPULATE`), before the first token.
     pub populate: bool,
-    /// Lock the model's pages in memory (mlock): read now, never evicted.
-    #[arg(long)]
+    /// Lock the model's pages in memory (`mlock`): read now, never evicted.
     pub mlock: bool,
     /// Keep every weight a view of the file: no repacking for chapter 8's micro-kernel, which
     /// by default interleaves the matrices where the CPU has one (faster products, but the
     /// packed weights are a private copy, no longer the mapped pages).
-    #[arg(long)]
     pub no_repack: bool,
     /// Run the forward pass on a GPU (chapter 9), one sequence at a time: needs the engine
     /// built with the `gpu` feature.
-    #[arg(long)]
     pub gpu: bool,
-    /// The architectures the engine loads: chapter 4's, unless a later chapter's binary hands
-    /// in a bigger set.
-    #[arg(skip = ch08::architectures())]
+    /// The architectures the engine loads: chapter 4's, unless a later chapter hands in a
+    /// bigger set.
     pub archs: Architectures,
 }
 // ANCHOR_END: args
@@ -67,6 +54,21 @@ pub enum LoadMode {
 }
 
 impl EngineArgs {
+    /// The engine with chapter 4's settings `generation`, mapping the file and repacking its
+    /// matrices, for chapter 4's architectures.
+    pub fn new(generation: Args) -> EngineArgs {
+        EngineArgs {
+            generation,
+            no_mmap: false,
+            advice: PageAdvice::Normal,
+            populate: false,
+            mlock: false,
+            no_repack: false,
+            gpu: false,
+            archs: ch08::architectures(),
+        }
+    }
+
     /// Chapter 8's matrices, on `--threads` threads, repacked unless `--no-repack`.
     pub fn fast_loader(&self) -> FastLoader {
         let mut fast = FastLoader::new(new_pool(PoolKind::Spin, self.generation.threads()));
@@ -417,7 +419,7 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
 fn run_gpu(_: &EngineArgs, _: &Path, _: Instant) -> Result<(), Box<dyn Error>> {
     Err(
         "--gpu: this engine was built without GPU support; build it with the `gpu` feature \
-         (cargo run --release -p ch10 --features gpu -- --gpu PROMPT)"
+         (cargo run --release -p ch10 --features gpu --example engine -- --gpu PROMPT)"
             .into(),
     )
 }
@@ -512,29 +514,5 @@ impl Runner for GpuRunner<'_> {
 
     fn report(&self, json: &mut Map<String, Value>) {
         json.insert("gpu".into(), self.model.gpu.describe().into());
-    }
-}
-
-/// The binary's `main`: parse the flags, check them, run with the architectures `archs`, and
-/// exit with an error message on failure. A later chapter's binary calls it with its own set.
-pub fn main(archs: Architectures) {
-    main_from(std::env::args_os().collect(), archs)
-}
-
-/// [`main`] on the command line `argv` (its first item the program's name).
-pub fn main_from(argv: Vec<std::ffi::OsString>, archs: Architectures) {
-    let mut args = EngineArgs::parse_from(argv);
-    args.archs = archs;
-    if let Err(e) = cli::check(&args.generation) {
-        EngineArgs::command()
-            .error(
-                clap::error::ErrorKind::MissingRequiredArgument,
-                e.to_string(),
-            )
-            .exit();
-    }
-    if let Err(e) = run(&args) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
     }
 }

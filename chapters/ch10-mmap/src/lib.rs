@@ -18,18 +18,19 @@
 //!   chapter 8's fast matrices over views of the file, copying only a tensor whose bytes are
 //!   not aligned for its blocks;
 //! - [`engine`]: [`Engine`] (model, tokenizer and template, loaded one way or another),
-//!   [`EngineArgs`] (chapter 4's flags plus this chapter's), [`Scheduled`] (chapter 4's
+//!   [`EngineArgs`] (chapter 4's settings plus this chapter's), [`Scheduled`] (chapter 4's
 //!   `Runner` on chapter 7's scheduler, paged cache and prefix cache) and [`engine::run`].
 //!
-//! The binary (`src/main.rs`) is the finished engine, the sum of the chapters: chapter 4's
+//! The `engine` example is the finished engine, the sum of the chapters: chapter 4's
 //! command line, chapter 7's scheduler with the paged and prefix caches, chapter 8's kernels
 //! (repacked by default where the CPU has the micro-kernel) and this chapter's mapped file:
-//! `cargo run --release -p ch10 -- [--model PATH] [PROMPT]`, or `--chat`. Built with the `gpu`
-//! feature, `--gpu` runs chapter 9's GPU model instead, one sequence at a time.
+//! `cargo run --release -p ch10 --example engine -- [--model PATH] [PROMPT]`, or `--chat`.
+//! Built with the `gpu` feature, `--gpu` runs chapter 9's GPU model instead, one sequence at a
+//! time.
 //!
 //! Left for later: a server in front of the scheduler (chapter 11), more model
-//! architectures than llama (chapter 13 registers them with chapter 4's loader, and its
-//! binary is this engine's [`engine::main`]), the scheduler's batches on the GPU, and loading
+//! architectures than llama (chapter 13 builds a bigger set of them, and the finished `llm-rs`
+//! runs this engine with it), the scheduler's batches on the GPU, and loading
 //! tensors straight from disk into device memory.
 
 pub mod engine;

@@ -326,7 +326,7 @@ impl std::error::Error for FileChanged {
 }
 
 /// A kernel hint on how the mapped pages will be used (`madvise`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PageAdvice {
     /// No hint: pages are read as they are first touched, with the kernel's default readahead.
     #[default]

@@ -18,7 +18,7 @@ fn engine(args: &[&str], stdin: Option<&str>) -> Output {
     } else {
         &["--ctx", "256"]
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ch10"))
+    let mut child = Command::new(engine_program())
         .arg("--model")
         .arg(model())
         .args(if args.contains(&"--threads") {
@@ -169,7 +169,7 @@ fn a_bad_file_is_an_error_naming_it() {
     let path = dir.join("cut.gguf");
     let bytes = std::fs::read(model()).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ch10"))
+    let out = Command::new(engine_program())
         .arg("--model")
         .arg(&path)
         .arg("Hello")
@@ -209,4 +209,10 @@ fn the_gpu_flag_runs_chapter_9_or_says_how_to_build_it() {
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(err.contains("--features gpu"), "{err}");
     }
+}
+
+/// Chapter 10's engine (the `engine` example), built with the features this test was built with.
+fn engine_program() -> std::path::PathBuf {
+    let features: &[&str] = if cfg!(feature = "gpu") { &["gpu"] } else { &[] };
+    testkit::program("ch10", testkit::Target::Example, "engine", features)
 }

@@ -90,7 +90,7 @@ struct Run {
 fn engine(path: &Path, args: &[&str], stdin: &str) -> Run {
     use std::io::{Read, Write};
     let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ch10"))
+    let mut child = Command::new(engine_program())
         .arg("--model")
         .arg(path)
         .args(["--threads", "1", "--temp", "0"])
@@ -390,4 +390,10 @@ fn a_huge_token_is_an_error_naming_it() {
     );
     let run = engine(&path, &["Hello"], "");
     fails_with(&run, &["1000"]);
+}
+
+/// Chapter 10's engine (the `engine` example), built with the features this test was built with.
+fn engine_program() -> std::path::PathBuf {
+    let features: &[&str] = if cfg!(feature = "gpu") { &["gpu"] } else { &[] };
+    testkit::program("ch10", testkit::Target::Example, "engine", features)
 }

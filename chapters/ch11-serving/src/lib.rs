@@ -12,15 +12,14 @@
 //!   stream, which cancels its request and frees its KV blocks before the next step.
 //!
 //! Chat messages go through chapter 2's special-token rule: the template's markers are control
-//! tokens, what users wrote is text. The crate's binary is the server:
-//! `cargo run --release -p ch11 -- [--model PATH] [--port 8080] [--parallel N]`.
+//! tokens, what users wrote is text. The `server` example is the server:
+//! `cargo run --release -p ch11 --example server -- [--model PATH] [--port 8080] [--parallel N]`.
 
 pub mod api;
 pub mod server;
 pub mod worker;
 
 use ch10::engine::BLOCK_SIZE;
-use clap::Parser;
 pub use server::{AppState, Limits, Loaded};
 use std::error::Error;
 use std::path::PathBuf;
@@ -35,62 +34,65 @@ pub use ch10::{self, *};
 pub const SERVE_BATCH_TOKENS: usize = 64;
 
 // ANCHOR: args
-/// Serve a GGUF model over HTTP with OpenAI's API.
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "ch11",
-    about = "Serve a GGUF model over HTTP with OpenAI's API."
-)]
+/// What the server is asked to do (the `server` example's flags, llama-server's names).
+#[derive(Debug, Clone)]
 pub struct ServeArgs {
-    /// GGUF model file (default: the default model, fetched on first use).
-    #[arg(long, short = 'm')]
+    /// GGUF model file (`None`: the default model, fetched on first use).
     pub model: Option<PathBuf>,
-    /// Name of the model in /v1/models and in requests (default: the file name without .gguf).
-    #[arg(long)]
+    /// Name of the model in /v1/models and in requests (`None`: the file name without .gguf).
     pub alias: Option<String>,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    /// Address and port to listen on (port 0: any free port; the one chosen is printed).
     pub host: String,
-    /// Port to listen on (0: any free port; the one chosen is printed).
-    #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Requests that run at once, advancing together in every forward pass.
-    #[arg(long, short = 'p', default_value_t = 4)]
     pub parallel: usize,
     /// Requests that may wait for a place beyond those running; one more is answered 503.
-    #[arg(long, default_value_t = 64)]
     pub queue: usize,
-    /// Positions one request may use, prompt and completion together (default: the model's,
+    /// Positions one request may use, prompt and completion together (`None`: the model's,
     /// at most 4096).
-    #[arg(long, short = 'c')]
     pub ctx: Option<usize>,
-    /// Positions in the KV cache that all requests share (default: --ctx). Requests that do
+    /// Positions in the KV cache that all requests share (`None`: `ctx`). Requests that do
     /// not fit together wait, or are preempted and recomputed.
-    #[arg(long)]
     pub kv_size: Option<usize>,
     /// Most tokens in one forward pass, decodes and prompt chunks together. It bounds a
     /// step's length, so the pause every decoding user sees while new prompts are read: 64
     /// kept the 99th percentile of the gap between tokens under 100 ms with 16 users on two
     /// cores, where 256 (chapter 10's, best for one user's long prompt) let it reach 200 ms.
-    #[arg(long, default_value_t = SERVE_BATCH_TOKENS)]
     pub batch_tokens: usize,
-    /// Threads for the forward pass; by default the machine's physical cores, as llama.cpp
-    /// chooses.
-    #[arg(long, short = 't', default_value_t = ch10::cli::default_threads())]
+    /// Threads for the forward pass.
     pub threads: usize,
     /// Longest time a request may run, in seconds; it then ends with finish_reason "length".
-    #[arg(long, default_value_t = 600)]
     pub timeout: u64,
     /// Largest request body, in bytes.
-    #[arg(long, default_value_t = 8 << 20)]
     pub body_limit: usize,
     /// Keep every weight a view of the mapped file (no repacking for chapter 8's micro-kernel).
-    #[arg(long)]
     pub no_repack: bool,
-    /// The architectures the server loads: chapter 4's, unless a later chapter's binary hands
-    /// in a bigger set.
-    #[arg(skip = ch10::architectures())]
+    /// The architectures the server loads: chapter 4's, unless a later chapter hands in a
+    /// bigger set.
     pub archs: ch10::Architectures,
+}
+
+impl Default for ServeArgs {
+    /// llama-server's defaults where it has them (host, port, `--parallel` 4), the machine's
+    /// physical cores, 64 queued, 64 tokens a step, 10 minutes a request, 8 MiB a body.
+    fn default() -> ServeArgs {
+        ServeArgs {
+            model: None,
+            alias: None,
+            host: "127.0.0.1".into(),
+            port: 8080,
+            parallel: 4,
+            queue: 64,
+            ctx: None,
+            kv_size: None,
+            batch_tokens: SERVE_BATCH_TOKENS,
+            threads: ch10::cli::default_threads(),
+            timeout: 600,
+            body_limit: 8 << 20,
+            no_repack: false,
+            archs: ch10::architectures(),
+        }
+    }
 }
 // ANCHOR_END: args
 

@@ -70,22 +70,27 @@ impl Drop for Server {
 /// Start the server binary on a free port; its base URL once `/health` answers 200.
 fn start() -> (Server, String) {
     let model = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ch11"))
-        .arg("--model")
-        .arg(&model)
-        .args([
-            "--port",
-            "0",
-            "--ctx",
-            "1024",
-            "--threads",
-            "2",
-            "--parallel",
-            "2",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the server binary starts");
+    let mut child = Command::new(testkit::program(
+        "ch11",
+        testkit::Target::Example,
+        "server",
+        &[],
+    ))
+    .arg("--model")
+    .arg(&model)
+    .args([
+        "--port",
+        "0",
+        "--ctx",
+        "1024",
+        "--threads",
+        "2",
+        "--parallel",
+        "2",
+    ])
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("the server binary starts");
     let stderr = child.stderr.take().unwrap();
     let server = Server(child);
     let (tx, rx) = std::sync::mpsc::channel();

@@ -10,7 +10,6 @@
 //! - [`serve`]: an accept loop with a time limit on request headers, and a shutdown that
 //!   drains (SIGTERM: stop accepting, finish what is in flight within `--drain-timeout`, end
 //!   the rest with their final events, exit 0);
-//! - [`settings`]: every flag also from `LLM_RS_<FLAG>` and from a TOML file.
 //!
 //! Faults: a panic inside a step fails the requests of that step with a 500 and the engine
 //! goes on with a fresh scheduler (chapter 11's worker catches it); a panic in a handler is a
@@ -18,18 +17,18 @@
 //! exits with [`EXIT_ENGINE_DIED`], for the orchestrator to restart it: a process that cannot
 //! serve is better replaced than kept.
 //!
-//! `cargo run --release -p ch12 -- [--config FILE] [--port 8080] [--parallel N] …`; `--help`
-//! lists every flag with its environment variable.
+//! The `production` example is the server: `cargo run --release -p ch12 --example production
+//! -- [--config FILE] [--port 8080] [--parallel N] …`; `--help` lists every flag with its
+//! environment variable. Its flags, which also come from `LLM_RS_<FLAG>` and from a TOML file,
+//! are the `flags` crate's (`flags::settings`).
 //!
 //! [`Observer`]: ch11::worker::Observer
 
 pub mod app;
 pub mod metrics;
 pub mod serve;
-pub mod settings;
 
 use app::App;
-use clap::{Parser, ValueEnum};
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,7 +45,7 @@ pub const EXIT_ENGINE_DIED: i32 = 70;
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(250);
 
 /// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     /// One line of text per event, for a person at a terminal.
     Text,
@@ -55,58 +54,51 @@ pub enum LogFormat {
 }
 
 // ANCHOR: args
-/// The production server's flags: chapter 11's, and this chapter's.
-#[derive(Parser, Debug, Clone)]
-#[command(
-    name = "ch12",
-    about = "Serve GGUF models over HTTP with OpenAI's API: metrics, logs, a graceful shutdown.",
-    long_about = None,
-    after_help = "Every flag can also be set by the environment variable shown with it, or by a \
-                  key of the TOML file given with --config (the flag's name: port = 8080). A \
-                  flag beats the variable, which beats the file, which beats the default.",
-    max_term_width = 100
-)]
+/// What the production server is asked to do: chapter 11's settings, and this chapter's. (The
+/// `production` example's flags give them, from the command line, the environment or a file.)
+#[derive(Debug, Clone)]
 pub struct Args {
-    #[command(flatten)]
     pub serve: ServeArgs,
-    /// TOML file of settings, keyed by the flags' names.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Log lines as text or as JSON objects; the levels come from RUST_LOG (default "info").
-    #[arg(long, value_enum, default_value = "text")]
+    /// Log lines as text or as JSON objects; the levels come from `RUST_LOG` (default "info").
     pub log_format: LogFormat,
     /// On SIGTERM or SIGINT, seconds the requests in flight have to finish before they are
     /// ended (each with its final event); the process exits at most 2 s later.
-    #[arg(long, default_value_t = 30)]
     pub drain_timeout: u64,
     /// Seconds a client may take to send a request's headers before its connection is closed.
-    #[arg(long, default_value_t = 10)]
     pub header_timeout: u64,
     /// Seconds a client may take to send a request's body before it is answered 408.
-    #[arg(long, default_value_t = 30)]
     pub body_timeout: u64,
     /// A second model to serve (A/B): requests naming it go to it, and a share of those naming
-    /// no model (--split-b).
-    #[arg(long)]
+    /// no model (`split_b`).
     pub model_b: Option<PathBuf>,
-    /// Name of the second model (default: its file name without .gguf).
-    #[arg(long)]
+    /// Name of the second model (`None`: its file name without .gguf).
     pub alias_b: Option<String>,
     /// Share of requests naming no model that go to the second model, from 0 to 1.
-    #[arg(long, default_value_t = 0.5)]
     pub split_b: f64,
     /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
-    #[arg(long, hide = true)]
     pub fault_injection: bool,
+}
+
+impl Default for Args {
+    /// Chapter 11's defaults; text logs; 30 s to drain, 10 s for headers, 30 s for a body; one
+    /// model.
+    fn default() -> Args {
+        Args {
+            serve: ServeArgs::default(),
+            log_format: LogFormat::Text,
+            drain_timeout: 30,
+            header_timeout: 10,
+            body_timeout: 30,
+            model_b: None,
+            alias_b: None,
+            split_b: 0.5,
+            fault_injection: false,
+        }
+    }
 }
 // ANCHOR_END: args
 
 impl Args {
-    /// Parse the command line, the environment and the configuration file.
-    pub fn load() -> Result<Args, settings::ConfigError> {
-        settings::parse_from(std::env::args_os().collect(), "config")
-    }
-
     /// Refuse settings that cannot work, before anything loads.
     pub fn check(&self) -> Result<(), String> {
         self.serve.check()?;
@@ -276,32 +268,11 @@ pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 // ANCHOR_END: run
 
-/// The binary's `main`: configuration from flags, environment and file, logs, then [`run`]
-/// with the architectures `archs`; exit 2 on a bad configuration, 1 on a failure. A later
-/// chapter's server calls it with its own set.
-pub fn main(archs: Architectures) {
-    main_from(std::env::args_os().collect(), archs)
-}
-
-/// [`main`] on the command line `argv` (its first item the program's name).
-pub fn main_from(argv: Vec<std::ffi::OsString>, archs: Architectures) {
-    use clap::CommandFactory;
-    let mut args = match settings::parse_from::<Args>(argv, "config") {
-        Ok(a) => a,
-        Err(settings::ConfigError::Clap(e)) => e.exit(),
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
-    };
-    args.serve.archs = archs;
-    if let Err(e) = args.check() {
-        Args::command()
-            .error(clap::error::ErrorKind::ValueValidation, e)
-            .exit();
-    }
+/// What the server's `main` does once its settings are known: logs as `args` say, [`run`],
+/// and on a failure the error logged and exit status 1.
+pub fn run_logged(args: &Args) {
     init_logs(args.log_format);
-    if let Err(e) = run(&args) {
+    if let Err(e) = run(args) {
         tracing::error!("{e}");
         std::process::exit(1);
     }

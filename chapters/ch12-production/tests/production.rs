@@ -447,10 +447,15 @@ fn configuration_comes_from_flags_environment_and_a_file() {
     // A bad file is refused before anything starts, naming the file and the key.
     std::fs::write(dir.path().join("bad.toml"), "paralel = 3\n").unwrap();
     let bad = dir.path().join("bad.toml");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ch12"))
-        .args(["--config", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(testkit::program(
+        "ch12",
+        testkit::Target::Example,
+        "production",
+        &[],
+    ))
+    .args(["--config", bad.to_str().unwrap()])
+    .output()
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -459,10 +464,15 @@ fn configuration_comes_from_flags_environment_and_a_file() {
     );
 
     // --help names every variable.
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_ch12"))
-        .arg("--help")
-        .output()
-        .unwrap();
+    let help = std::process::Command::new(testkit::program(
+        "ch12",
+        testkit::Target::Example,
+        "production",
+        &[],
+    ))
+    .arg("--help")
+    .output()
+    .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     for v in [
         "LLM_RS_PORT",
@@ -479,10 +489,15 @@ fn configuration_comes_from_flags_environment_and_a_file() {
 
     // Bad values of the new flags are refused by name.
     for (flag, value) in [("--split-b", "1.5"), ("--header-timeout", "0")] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ch12"))
-            .args([flag, value])
-            .output()
-            .unwrap();
+        let out = std::process::Command::new(testkit::program(
+            "ch12",
+            testkit::Target::Example,
+            "production",
+            &[],
+        ))
+        .args([flag, value])
+        .output()
+        .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(flag), "{err}");
     }

@@ -18,9 +18,8 @@
 //!   for checking those variants against llama.cpp without a real model of each.
 //! - [`architectures()`]: chapter 12's set (llama) with Gemma 3 and Qwen2 added.
 //!
-//! The binaries are the finished engine and its server with every architecture of the tower:
-//! `llm-rs` (`run`, `chat`, `serve`), and chapter 10's and 12's
-//! command lines as they were (`ch13`, `serve`).
+//! The finished engine, the workspace's `llm-rs` binary (`run`, `chat`, `serve`, `inspect`), is
+//! chapter 10's engine and chapter 12's server given this chapter's set.
 
 pub mod gemma3;
 pub mod qwen2;

@@ -11,13 +11,18 @@ fn default_model() -> PathBuf {
 
 /// `llm-rs ARGS`, with `stdin` written to it (or none).
 fn llm_rs(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_llm-rs"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start llm-rs");
+    let mut child = Command::new(testkit::program(
+        "llm-rs",
+        testkit::Target::Bin,
+        "llm-rs",
+        &[],
+    ))
+    .args(args)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start llm-rs");
     let mut input = child.stdin.take().unwrap();
     if let Some(s) = stdin {
         input.write_all(s.as_bytes()).unwrap();

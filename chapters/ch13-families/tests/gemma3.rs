@@ -252,15 +252,20 @@ fn a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin() {
 fn the_engine_generates_what_llama_cpp_generates() {
     let (_, _, want) = prompts().into_iter().find(|p| p.0 == "short").unwrap();
     // The finished engine, `llm-rs run`.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-rs"))
-        .arg("run")
-        .arg("--model")
-        .arg(gemma_path())
-        .args(["--temp", "0", "--threads", "2", "--json", "-n"])
-        .arg(want.len().to_string())
-        .arg("The capital of France is")
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(testkit::program(
+        "llm-rs",
+        testkit::Target::Bin,
+        "llm-rs",
+        &[],
+    ))
+    .arg("run")
+    .arg("--model")
+    .arg(gemma_path())
+    .args(["--temp", "0", "--threads", "2", "--json", "-n"])
+    .arg(want.len().to_string())
+    .arg("The capital of France is")
+    .output()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",

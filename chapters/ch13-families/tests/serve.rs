@@ -51,23 +51,28 @@ fn reference() -> (String, Vec<u32>) {
 #[test]
 fn the_server_runs_gemma_as_llama_cpp_does() {
     let model = gemma_path();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_llm-rs"))
-        .args([
-            "serve",
-            "--model",
-            &model,
-            "--port",
-            "0",
-            "--threads",
-            "2",
-            "--ctx",
-            "512",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start serve");
+    let mut child = Command::new(testkit::program(
+        "llm-rs",
+        testkit::Target::Bin,
+        "llm-rs",
+        &[],
+    ))
+    .args([
+        "serve",
+        "--model",
+        &model,
+        "--port",
+        "0",
+        "--threads",
+        "2",
+        "--ctx",
+        "512",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start serve");
     let stderr = child.stderr.take().unwrap();
     let server = Server(child);
     let (tx, rx) = channel();

@@ -54,7 +54,12 @@ pub fn flags() -> Vec<String> {
 
 /// Start `ch12` with `args` and `env`; wait until it is ready.
 pub fn start(args: &[String], env: &[(&str, &str)]) -> Server {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ch12"));
+    let mut cmd = Command::new(testkit::program(
+        "ch12",
+        testkit::Target::Example,
+        "production",
+        &[],
+    ));
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

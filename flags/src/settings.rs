@@ -1,4 +1,4 @@
-//! Configuration from three places, in one order: flags, then environment variables, then a
+//! Chapter 12's settings from three places, in one order: flags, then environment variables, then a
 //! TOML file, then the defaults.
 //!
 //! A server in a container is configured by its orchestrator's environment; one on a machine

@@ -8,8 +8,9 @@
 //! - `llm-rs inspect [PATH]`: what a GGUF file holds (chapter 1's summary, the configuration),
 //!   and whether this engine runs its architecture.
 //!
-//! `llm-rs SUBCOMMAND --help` lists a subcommand's flags. When a chapter is added above this
-//! one, this file moves up to it and names that chapter's set of architectures instead.
+//! `llm-rs SUBCOMMAND --help` lists a subcommand's flags (the `flags` crate's). When a chapter
+//! is added above chapter 13, this package depends on it instead and names its set of
+//! architectures: one line in `Cargo.toml`, one in `main`.
 
 use ch13::{Architectures, Config, GgufFile};
 use clap::{Parser, Subcommand};
@@ -100,10 +101,12 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        Command::Run { args } => ch13::engine::main_from(argv("llm-rs run", &[], args), archs),
+        Command::Run { args } => flags::engine::main_from(argv("llm-rs run", &[], args), archs),
         Command::Chat { args } => {
-            ch13::engine::main_from(argv("llm-rs chat", &["--chat"], args), archs)
+            flags::engine::main_from(argv("llm-rs chat", &["--chat"], args), archs)
         }
-        Command::Serve { args } => ch13::ch12::main_from(argv("llm-rs serve", &[], args), archs),
+        Command::Serve { args } => {
+            flags::production::main_from(argv("llm-rs serve", &[], args), archs)
+        }
     }
 }

@@ -1,0 +1,111 @@
+//! Chapter 12's production server: chapter 11's flags and this chapter's, each also from
+//! `LLM_RS_<FLAG>` and from a TOML file ([`settings`](crate::settings)), turned into chapter
+//! 12's [`Args`].
+
+use crate::server::Server;
+use crate::settings;
+use ch12::{Architectures, Args, LogFormat};
+use clap::{CommandFactory, Parser, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+// ANCHOR: flags
+/// The production server's flags: chapter 11's, and chapter 12's.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "production",
+    about = "Serve GGUF models over HTTP with OpenAI's API: metrics, logs, a graceful shutdown.",
+    long_about = None,
+    after_help = "Every flag can also be set by the environment variable shown with it, or by a \
+                  key of the TOML file given with --config (the flag's name: port = 8080). A \
+                  flag beats the variable, which beats the file, which beats the default.",
+    max_term_width = 100
+)]
+pub struct Production {
+    #[command(flatten)]
+    pub serve: Server,
+    /// TOML file of settings, keyed by the flags' names.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Log lines as text or as JSON objects; the levels come from RUST_LOG (default "info").
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: Logs,
+    /// On SIGTERM or SIGINT, seconds the requests in flight have to finish before they are
+    /// ended (each with its final event); the process exits at most 2 s later.
+    #[arg(long, default_value_t = Args::default().drain_timeout)]
+    pub drain_timeout: u64,
+    /// Seconds a client may take to send a request's headers before its connection is closed.
+    #[arg(long, default_value_t = Args::default().header_timeout)]
+    pub header_timeout: u64,
+    /// Seconds a client may take to send a request's body before it is answered 408.
+    #[arg(long, default_value_t = Args::default().body_timeout)]
+    pub body_timeout: u64,
+    /// A second model to serve (A/B): requests naming it go to it, and a share of those naming
+    /// no model (--split-b).
+    #[arg(long)]
+    pub model_b: Option<PathBuf>,
+    /// Name of the second model (default: its file name without .gguf).
+    #[arg(long)]
+    pub alias_b: Option<String>,
+    /// Share of requests naming no model that go to the second model, from 0 to 1.
+    #[arg(long, default_value_t = Args::default().split_b)]
+    pub split_b: f64,
+    /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
+    #[arg(long, hide = true)]
+    pub fault_injection: bool,
+}
+// ANCHOR_END: flags
+
+/// `--log-format`: chapter 12's [`LogFormat`], by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Logs {
+    /// One line of text per event, for a person at a terminal.
+    Text,
+    /// One JSON object per line, for a log collector.
+    Json,
+}
+
+impl Production {
+    /// The settings these flags give, for the architectures `archs`.
+    pub fn args(&self, archs: Architectures) -> Args {
+        Args {
+            serve: self.serve.args(archs),
+            log_format: match self.log_format {
+                Logs::Text => LogFormat::Text,
+                Logs::Json => LogFormat::Json,
+            },
+            drain_timeout: self.drain_timeout,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+            model_b: self.model_b.clone(),
+            alias_b: self.alias_b.clone(),
+            split_b: self.split_b,
+            fault_injection: self.fault_injection,
+        }
+    }
+}
+
+/// The server's `main`: configuration from flags, environment and file, then
+/// [`ch12::run_logged`] with the architectures `archs`; exit 2 on a bad configuration, 1 on a
+/// failure. A later chapter's program calls it with its own set.
+pub fn main(archs: Architectures) {
+    main_from(std::env::args_os().collect(), archs)
+}
+
+/// [`main`] on the command line `argv` (its first item the program's name).
+pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
+    let args = match settings::parse_from::<Production>(argv, "config") {
+        Ok(flags) => flags.args(archs),
+        Err(settings::ConfigError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = args.check() {
+        Production::command()
+            .error(clap::error::ErrorKind::ValueValidation, e)
+            .exit();
+    }
+    ch12::run_logged(&args);
+}

@@ -1,0 +1,84 @@
+//! A program of the workspace — a chapter's example, or the `llm-rs` binary — for a test that
+//! runs it as a process: its exit status, its output, its signals.
+//!
+//! Cargo gives an integration test the paths of its own package's binaries
+//! (`CARGO_BIN_EXE_<name>`), but not of examples or of another package's binaries, and builds
+//! examples only when no single test is named. So [`program`] asks cargo to build the program
+//! with the profile the test was built with (`test`, or `bench` under `--release`, which is
+//! what `cargo test` builds examples with): after a plain `cargo test` that is a no-op, after
+//! `cargo test --test NAME` it is the build the test needs, and after an edit it is the
+//! rebuild — a test never runs a stale program.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// Which target of a package.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    Example,
+    Bin,
+}
+
+/// The path of `package`'s example or binary `name`, built with the features `features` (each
+/// program built once per test process).
+pub fn program(package: &str, target: Target, name: &str, features: &[&str]) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let key = format!("{package}/{target:?}/{name}/{}", features.join(","));
+    // One build at a time: tests run on threads, and cargo would wait on its lock anyway.
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(p) = built.get(&key) {
+        return p.clone();
+    }
+    let path = build(package, target, name, features);
+    built.insert(key, path.clone());
+    path
+}
+
+fn build(package: &str, target: Target, name: &str, features: &[&str]) -> PathBuf {
+    // This test runs from TARGET/PROFILE/deps/.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test runs from TARGET/PROFILE/deps");
+    let target_dir = profile_dir.parent().expect("TARGET/PROFILE");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("release") => "bench",
+        _ => "test",
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit is in the workspace root");
+    let (flag, dir) = match target {
+        Target::Example => ("--example", profile_dir.join("examples")),
+        Target::Bin => ("--bin", profile_dir.to_path_buf()),
+    };
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into()));
+    cmd.arg("build")
+        .arg("--quiet")
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target_dir)
+        .args(["--profile", profile, "-p", package, flag, name]);
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build {package}'s {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo could not build {package}'s {name}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.is_file(),
+        "cargo built {package}'s {name}, but {} is not there",
+        path.display()
+    );
+    path
+}
