@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use wgpu::util::DeviceExt;
 
+/// Polls to wait for a staging buffer's map callback before giving up: each poll waits for the
+/// device to finish, so more than one is needed only when the callback is late.
+const MAX_MAP_POLLS: usize = 1000;
 /// What can go wrong on the GPU path.
 #[derive(Debug)]
 pub enum GpuError {
@@ -285,13 +288,30 @@ impl Readback {
             .map_async(wgpu::MapMode::Read, 0..len, move |r| {
                 state.store(if r.is_ok() { 1 } else { 2 }, Ordering::Release);
             });
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Device(format!("waiting for the results: {e}")))?;
-        if self.state.load(Ordering::Acquire) != 1 {
-            return Err(GpuError::Device(
-                "mapping the results for reading failed".into(),
-            ));
+        // The callback runs inside a poll; should a poll return before it has run, poll
+        // again rather than read a buffer that is not mapped (a read on lavapipe under load
+        // once failed here).
+        for _ in 0..MAX_MAP_POLLS {
+            gpu.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| GpuError::Device(format!("waiting for the results: {e}")))?;
+            if self.state.load(Ordering::Acquire) != 0 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        match self.state.load(Ordering::Acquire) {
+            1 => {}
+            0 => {
+                return Err(GpuError::Device(format!(
+                    "the results were not mapped for reading after {MAX_MAP_POLLS} polls"
+                )));
+            }
+            _ => {
+                return Err(GpuError::Device(
+                    "mapping the results for reading failed".into(),
+                ));
+            }
         }
         {
             let view = self
