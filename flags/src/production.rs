@@ -34,12 +34,21 @@ pub struct Production {
     /// ended (each with its final event); the process exits at most 2 s later.
     #[arg(long, default_value_t = Args::default().drain_timeout)]
     pub drain_timeout: u64,
-    /// Seconds a client may take to send a request's headers before its connection is closed.
+    /// Seconds a client may take to send a request's headers, and a new connection its first
+    /// request, before the connection is closed.
     #[arg(long, default_value_t = Args::default().header_timeout)]
     pub header_timeout: u64,
     /// Seconds a client may take to send a request's body before it is answered 408.
     #[arg(long, default_value_t = Args::default().body_timeout)]
     pub body_timeout: u64,
+    /// Seconds a connection with no request in flight stays open (HTTP/1 keep-alive and
+    /// HTTP/2 alike).
+    #[arg(long, default_value_t = Args::default().idle_timeout)]
+    pub idle_timeout: u64,
+    /// Connections served at once; past them a few more get the probes (/health, /ready,
+    /// /metrics) and a 503 for anything else, and the rest are closed.
+    #[arg(long, default_value_t = Args::default().max_connections)]
+    pub max_connections: usize,
     /// A second model to serve (A/B): requests naming it go to it, and a share of those naming
     /// no model (--split-b).
     #[arg(long)]
@@ -53,6 +62,21 @@ pub struct Production {
     /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
     #[arg(long, hide = true)]
     pub fault_injection: bool,
+    /// An API key every request to /v1/ must carry (Authorization: Bearer KEY). Prefer the
+    /// environment variable or the file to the command line, which other users can see.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// A file of API keys, one `NAME SHA256-HEX` per line (printf %s KEY | sha256sum); each key
+    /// is a tenant with its own prefix cache.
+    #[arg(long)]
+    pub api_keys: Option<PathBuf>,
+    /// Requests one API key may have in flight at once; past it, 429 (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub key_max_in_flight: usize,
+    /// Tokens, prompt and completion, one API key may use per minute; past it, 429 (0: no
+    /// limit).
+    #[arg(long, default_value_t = 0)]
+    pub key_tokens_per_minute: u64,
 }
 // ANCHOR_END: flags
 
@@ -77,10 +101,16 @@ impl Production {
             drain_timeout: self.drain_timeout,
             header_timeout: self.header_timeout,
             body_timeout: self.body_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
             model_b: self.model_b.clone(),
             alias_b: self.alias_b.clone(),
             split_b: self.split_b,
             fault_injection: self.fault_injection,
+            api_key: self.api_key.clone(),
+            api_keys: self.api_keys.clone(),
+            key_max_in_flight: self.key_max_in_flight,
+            key_tokens_per_minute: self.key_tokens_per_minute,
         }
     }
 }

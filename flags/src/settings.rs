@@ -57,7 +57,8 @@ pub fn command<P: Parser>() -> Command {
             return a;
         }
         let name = format!("{ENV_PREFIX}{}", a.get_id().as_str().to_uppercase());
-        a.env(name)
+        // The variables' values stay out of `--help`: one of them may be an API key.
+        a.env(name).hide_env_values(true)
     })
 }
 

@@ -23,6 +23,13 @@
 //! to each of its blocks, and every running sequence that attached them holds one more. A
 //! block only the tree holds (reference count 1) can be evicted; the least recently used leaf
 //! gives up its last block first, so a prefix is never evicted before its extensions.
+//!
+//! A cache hit is visible from outside: a request that finds its prefix cached is answered
+//! sooner, and a server that reports cached tokens says so outright. So the cache is
+//! partitioned by a *salt*: a tree per salt, each from a root of its own, and a prefix cached
+//! under one salt is never found under another (vLLM's `cache_salt`). A server that gives each
+//! tenant its own salt (chapter 12 does, one per API key) keeps one tenant from learning what
+//! another sent; salt 0 is the partition of everyone else.
 
 use ch06::{BlockAllocator, BlockId};
 use std::collections::HashMap;
@@ -46,7 +53,9 @@ struct Node {
 #[derive(Debug)]
 pub struct PrefixCache {
     block_size: usize,
-    nodes: Vec<Node>, // arena; nodes[ROOT] has an empty label
+    nodes: Vec<Node>, // arena; nodes[ROOT] (salt 0) and every salt's root have empty labels
+    /// The root of each salt's tree but 0's (which is `ROOT`); a root is its own parent.
+    roots: HashMap<u64, NodeId>,
     free_nodes: Vec<NodeId>,
     clock: u64, // ticks on every lookup and insert: the LRU order
     n_blocks: usize,
@@ -58,6 +67,7 @@ impl PrefixCache {
         PrefixCache {
             block_size: block_size.max(1),
             nodes: vec![Node::default()],
+            roots: HashMap::new(),
             free_nodes: Vec::new(),
             clock: 0,
             n_blocks: 0,
@@ -85,8 +95,20 @@ impl PrefixCache {
     }
 
     fn live(&self) -> impl Iterator<Item = NodeId> + '_ {
-        // A freed node has an empty label; only the root is live with one.
+        // A freed node has an empty label; only the roots are live with one.
         (1..self.nodes.len()).filter(|&n| !self.nodes[n].blocks.is_empty())
+    }
+
+    /// The root of `salt`'s tree, if it has one.
+    fn root(&self, salt: u64) -> Option<NodeId> {
+        match salt {
+            0 => Some(ROOT),
+            s => self.roots.get(&s).copied(),
+        }
+    }
+
+    fn is_root(&self, id: NodeId) -> bool {
+        self.nodes[id].parent == id
     }
 
     /// How many whole blocks of `edge` (a node's label) equal the start of `tokens`.
@@ -99,16 +121,18 @@ impl PrefixCache {
     }
 
     // ANCHOR: lookup
-    /// The blocks of the longest cached prefix of `tokens`, in whole blocks: they hold the keys
-    /// and values of `tokens[..blocks.len() * block_size]`. Marks the path as recently used.
-    /// The caller must retain the blocks (e.g. with `PagedCache::attach`) before anything can
-    /// be evicted.
-    pub fn lookup(&mut self, tokens: &[u32]) -> Vec<BlockId> {
+    /// The blocks of the longest prefix of `tokens` cached under `salt`, in whole blocks: they
+    /// hold the keys and values of `tokens[..blocks.len() * block_size]`. Marks the path as
+    /// recently used. The caller must retain the blocks (e.g. with `PagedCache::attach`)
+    /// before anything can be evicted.
+    pub fn lookup(&mut self, salt: u64, tokens: &[u32]) -> Vec<BlockId> {
         // ANCHOR: yours_lookup
         let bs = self.block_size;
         self.clock += 1;
         let mut found = Vec::new();
-        let mut node = ROOT;
+        let Some(mut node) = self.root(salt) else {
+            return found;
+        };
         loop {
             self.nodes[node].last_used = self.clock;
             let rest = &tokens[found.len() * bs..];
@@ -132,20 +156,34 @@ impl PrefixCache {
     // ANCHOR_END: lookup
 
     // ANCHOR: insert
-    /// Cache the whole blocks of `tokens`, whose keys and values are in `blocks` (a sequence's
-    /// block table; a partly filled last block is ignored). Parts already cached keep their
-    /// blocks; the tree takes a reference to each block it adds. Returns how many it added.
+    /// Cache the whole blocks of `tokens` under `salt`, their keys and values in `blocks` (a
+    /// sequence's block table; a partly filled last block is ignored). Parts already cached
+    /// keep their blocks; the tree takes a reference to each block it adds. Returns how many
+    /// it added.
     pub fn insert(
         &mut self,
+        salt: u64,
         tokens: &[u32],
         blocks: &[BlockId],
         alloc: &mut BlockAllocator,
     ) -> usize {
         let bs = self.block_size;
         let n = (tokens.len() / bs).min(blocks.len());
+        if n == 0 {
+            return 0;
+        }
         let (tokens, blocks) = (&tokens[..n * bs], &blocks[..n]);
         self.clock += 1;
-        let (mut node, mut i) = (ROOT, 0); // i: blocks of `tokens` matched so far
+        let root = match self.root(salt) {
+            Some(r) => r,
+            None => {
+                let id = self.new_node(Node::default());
+                self.nodes[id].parent = id;
+                self.roots.insert(salt, id);
+                id
+            }
+        };
+        let (mut node, mut i) = (root, 0); // i: blocks of `tokens` matched so far
         loop {
             self.nodes[node].last_used = self.clock;
             if i == n {
@@ -158,7 +196,7 @@ impl PrefixCache {
                     alloc.retain(b);
                 }
                 self.n_blocks += n - i;
-                if node != ROOT && self.nodes[node].children.is_empty() {
+                if !self.is_root(node) && self.nodes[node].children.is_empty() {
                     // A leaf grows longer (a node with one child would not be a radix tree).
                     let leaf = &mut self.nodes[node];
                     leaf.tokens.extend_from_slice(&tokens[i * bs..]);
@@ -265,7 +303,14 @@ impl PrefixCache {
         self.nodes[parent].children.remove(key);
         self.nodes[leaf] = Node::default();
         self.free_nodes.push(leaf);
-        if parent != ROOT && self.nodes[parent].children.len() == 1 {
+        if parent != ROOT && self.is_root(parent) && self.nodes[parent].children.is_empty() {
+            // A salt's tree emptied: its root goes too, so salts that come and go leave nothing.
+            self.roots.retain(|_, &mut r| r != parent);
+            self.nodes[parent] = Node::default();
+            self.free_nodes.push(parent);
+            return;
+        }
+        if !self.is_root(parent) && self.nodes[parent].children.len() == 1 {
             let (_, &only) = self.nodes[parent].children.iter().next().unwrap();
             let child = std::mem::take(&mut self.nodes[only]);
             for &grandchild in child.children.values() {
@@ -292,7 +337,11 @@ impl PrefixCache {
     /// tokens, in depth-first order: what the tree means, independent of its shape.
     pub fn entries(&self) -> Vec<(Vec<u32>, BlockId)> {
         let mut out = Vec::new();
-        let mut stack = vec![(ROOT, Vec::new())];
+        let mut roots: Vec<(u64, NodeId)> = self.roots.iter().map(|(&s, &r)| (s, r)).collect();
+        roots.sort_unstable();
+        let mut stack: Vec<(NodeId, Vec<u32>)> =
+            roots.iter().rev().map(|&(_, r)| (r, Vec::new())).collect();
+        stack.push((ROOT, Vec::new()));
         while let Some((id, prefix)) = stack.pop() {
             let node = &self.nodes[id];
             let mut p = prefix;
@@ -312,11 +361,15 @@ impl PrefixCache {
     pub fn is_well_formed(&self) -> bool {
         let bs = self.block_size;
         let mut reached = 0;
-        let mut stack = vec![ROOT];
+        let mut stack: Vec<NodeId> = self.roots.values().copied().collect();
+        stack.push(ROOT);
         while let Some(id) = stack.pop() {
             reached += 1;
             let node = &self.nodes[id];
-            if id != ROOT
+            if id != ROOT && self.is_root(id) && node.children.is_empty() {
+                return false; // an emptied salt's root is removed
+            }
+            if !self.is_root(id)
                 && (node.blocks.is_empty()
                     || node.tokens.len() != node.blocks.len() * bs
                     || node.children.len() == 1)
@@ -331,7 +384,7 @@ impl PrefixCache {
                 stack.push(child);
             }
         }
-        reached == self.live().count() + 1
+        reached == self.live().count() + 1 + self.roots.len()
             && self.n_blocks
                 == self
                     .live()

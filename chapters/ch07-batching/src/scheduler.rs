@@ -239,6 +239,8 @@ struct Seq<'t> {
     preemptions: usize,
     submitted: Instant,
     ttft: Option<Duration>,
+    /// The prefix cache's partition this request reads and fills.
+    cache_salt: u64,
 }
 
 impl Seq<'_> {
@@ -362,8 +364,20 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     // ANCHOR: submit
     /// Queue a request. It is checked now, so that it can always run to the end: its sampling
     /// settings are in their domains, its tokens are in the vocabulary, and prompt plus
-    /// `max_tokens` fit the model's context and the whole KV pool.
+    /// `max_tokens` fit the model's context and the whole KV pool. Its prefix is looked up in,
+    /// and offered to, the prefix cache's partition 0 ([`submit_salted`](Self::submit_salted)
+    /// picks another).
     pub fn submit(&mut self, request: Request) -> Result<RequestId, SchedulerError> {
+        self.submit_salted(request, 0)
+    }
+
+    /// [`submit`](Self::submit), the prompt's prefix cached under `cache_salt`: no request of
+    /// another salt finds it, or makes it be found (see [`PrefixCache`]).
+    pub fn submit_salted(
+        &mut self,
+        request: Request,
+        cache_salt: u64,
+    ) -> Result<RequestId, SchedulerError> {
         let Request { prompt, params } = request;
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
@@ -416,6 +430,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             preemptions: 0,
             submitted: Instant::now(),
             ttft: None,
+            cache_salt,
         });
         Ok(id)
     }
@@ -636,7 +651,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         let slot = self.free_slots.pop().expect("a free slot was checked for");
         let s = &self.seqs[i];
         let blocks = if self.config.prefix_cache {
-            self.prefix.lookup(&s.tokens[..s.tokens.len() - 1])
+            self.prefix
+                .lookup(s.cache_salt, &s.tokens[..s.tokens.len() - 1])
         } else {
             Vec::new()
         };
@@ -699,8 +715,12 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         }
         if let Some(table) = s.slot.and_then(|slot| self.kv.table(slot)) {
             let blocks = table.blocks.clone();
-            self.prefix
-                .insert(&s.tokens[..s.n_kv], &blocks, &mut self.kv.allocator);
+            self.prefix.insert(
+                s.cache_salt,
+                &s.tokens[..s.n_kv],
+                &blocks,
+                &mut self.kv.allocator,
+            );
         }
     }
 

@@ -46,7 +46,7 @@ proptest! {
                 Op::Insert(t) => {
                     let n = t.len() / block_size;
                     let blocks: Vec<BlockId> = (0..n).map(|_| alloc.allocate().unwrap()).collect();
-                    let added = tree.insert(&t, &blocks, &mut alloc);
+                    let added = tree.insert(0, &t, &blocks, &mut alloc);
                     let mut new = 0;
                     for k in 1..=n {
                         if let std::collections::hash_map::Entry::Vacant(e) = want.entry(t[..k * block_size].to_vec()) {
@@ -60,7 +60,7 @@ proptest! {
                     }
                 }
                 Op::Lookup(t, hold) => {
-                    let found = tree.lookup(&t);
+                    let found = tree.lookup(0, &t);
                     let mut expect = Vec::new();
                     while let Some(&b) = t.get(..(expect.len() + 1) * block_size).and_then(|p| want.get(p)) {
                         expect.push(b);
@@ -109,10 +109,15 @@ proptest! {
 
 /// A sequence with tokens `t` offers its blocks to the tree and ends.
 fn offer(tree: &mut PrefixCache, alloc: &mut BlockAllocator, t: &[u32]) {
+    offer_salted(tree, alloc, 0, t)
+}
+
+/// [`offer`], under `salt`.
+fn offer_salted(tree: &mut PrefixCache, alloc: &mut BlockAllocator, salt: u64, t: &[u32]) {
     let blocks: Vec<BlockId> = (0..t.len() / tree.block_size())
         .map(|_| alloc.allocate().unwrap())
         .collect();
-    tree.insert(t, &blocks, alloc);
+    tree.insert(salt, t, &blocks, alloc);
     for b in blocks {
         alloc.release(b);
     }
@@ -131,10 +136,10 @@ fn the_least_recently_used_prefix_goes_first() {
         drawn,
         "(root)\n└─ \"[1, 1]\"  blocks [0]\n   ├─ \"[2, 2, 3, 3]\"  blocks [1, 2]\n   └─ \"[5, 5]\"  blocks [4]\n"
     );
-    tree.lookup(&[1, 1, 2, 2, 3, 3, 9]); // the first prompt is used again
+    tree.lookup(0, &[1, 1, 2, 2, 3, 3, 9]); // the first prompt is used again
     assert_eq!(tree.evict(1, &mut alloc), 1);
     assert_eq!(
-        tree.lookup(&[1, 1, 5, 5]),
+        tree.lookup(0, &[1, 1, 5, 5]),
         vec![0],
         "the older leaf went first"
     );
@@ -144,9 +149,49 @@ fn the_least_recently_used_prefix_goes_first() {
     );
     assert_eq!(tree.evict(1, &mut alloc), 1);
     assert_eq!(
-        tree.lookup(&[1, 1, 2, 2, 3, 3]),
+        tree.lookup(0, &[1, 1, 2, 2, 3, 3]),
         vec![0, 1],
         "then the other's last block"
     );
     assert_eq!(alloc.n_free(), 14);
+}
+
+/// A prefix cached under one salt (one tenant) is found under that salt only; each salt's
+/// tree evicts like the one tree, and a salt whose tree empties leaves nothing behind.
+#[test]
+fn a_prefix_cached_under_one_salt_is_found_under_no_other() {
+    let mut alloc = BlockAllocator::new(32);
+    let mut tree = PrefixCache::new(2);
+    let secret = [7, 7, 8, 8, 9, 9];
+    offer_salted(&mut tree, &mut alloc, 41, &secret);
+    assert!(tree.is_well_formed());
+    assert_eq!(tree.lookup(41, &secret).len(), 3);
+    assert!(tree.lookup(0, &secret).is_empty(), "found without the salt");
+    assert!(
+        tree.lookup(42, &secret).is_empty(),
+        "found under another salt"
+    );
+    // The same prompt under another salt is cached again, in blocks of its own.
+    offer_salted(&mut tree, &mut alloc, 42, &secret);
+    offer(&mut tree, &mut alloc, &secret);
+    let (a, b, c) = (
+        tree.lookup(41, &secret),
+        tree.lookup(42, &secret),
+        tree.lookup(0, &secret),
+    );
+    assert_eq!((a.len(), b.len(), c.len()), (3, 3, 3));
+    assert!(
+        a.iter().all(|x| !b.contains(x) && !c.contains(x)),
+        "{a:?} {b:?} {c:?}"
+    );
+    assert!(tree.is_well_formed());
+    assert_eq!(tree.n_blocks(), 9);
+    // Evicting everything empties every tree; the salts' roots go with them.
+    assert_eq!(tree.evict(100, &mut alloc), 9);
+    assert!(tree.is_well_formed());
+    assert!(tree.entries().is_empty());
+    assert_eq!(alloc.n_free(), 32);
+    offer_salted(&mut tree, &mut alloc, 41, &secret);
+    assert!(tree.is_well_formed());
+    assert_eq!(tree.lookup(41, &secret).len(), 3);
 }

@@ -15,13 +15,28 @@ pub const MAX_STOP_STRINGS: usize = 16;
 /// Longest stop string, in bytes: a stop string is matched against the streamed text at every
 /// token, so its length is work per token.
 pub const MAX_STOP_BYTES: usize = 1024;
+/// OpenAI's largest `temperature`: above it sampling is close to uniform noise.
+pub const MAX_TEMPERATURE: f32 = 2.0;
+
+/// Longest piece of a request that an error message repeats (a model name, a path, a role):
+/// a client's string is echoed, not its megabyte.
+pub const MAX_ECHOED_CHARS: usize = 64;
+
+/// `s` as an error message repeats it: at most [`MAX_ECHOED_CHARS`] characters, then "…".
+pub fn echo(s: &str) -> String {
+    match s.char_indices().nth(MAX_ECHOED_CHARS) {
+        None => s.to_string(),
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+    }
+}
 
 /// The sampling and length fields common to both endpoints. Fields OpenAI defines that the
-/// engine cannot honour are refused by name rather than ignored.
+/// engine cannot honour are refused by name rather than ignored ([`Sampling::params`]); an
+/// unknown field is ignored, as OpenAI's API and llama-server ignore it.
 #[derive(Debug, Default, Deserialize)]
 pub struct Sampling {
     pub model: Option<String>,
-    /// Negative is no limit but the context's, as llama-server's `n_predict = -1`.
+    /// At least 1; absent, generation runs until the context is full.
     pub max_tokens: Option<i64>,
     /// The chat endpoint's newer name for `max_tokens`.
     pub max_completion_tokens: Option<i64>,
@@ -40,7 +55,29 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     pub logprobs: Option<Value>,
     pub tools: Option<Vec<Value>>,
+    /// Refused unless they ask for what the server does anyway (see [`UNSUPPORTED`]).
+    pub response_format: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
+    pub logit_bias: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub best_of: Option<Value>,
+    pub user: Option<Value>,
 }
+
+/// OpenAI's fields the engine does not implement, each with the values that ask for nothing
+/// (what the server does anyway): any other value is a 400 naming the field, never ignored.
+/// `user` (an end-user id for the provider's abuse monitoring) is refused because this server
+/// keeps no such records; `response_format` waits for grammar-constrained decoding.
+pub const UNSUPPORTED: [(&str, &str); 7] = [
+    ("response_format", r#"{"type": "text"}"#),
+    ("tool_choice", r#""none""#),
+    ("parallel_tool_calls", "false"),
+    ("logit_bias", "{}"),
+    ("top_logprobs", "0"),
+    ("best_of", "1"),
+    ("user", "no value"),
+];
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -67,10 +104,13 @@ pub struct ChatRequest {
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    /// A string, a list of parts (`{"type": "text", "text": …}`), or null (an assistant turn
-    /// that only called tools).
+    /// A string, a list of parts (`{"type": "text", "text": …}`), or null (only in an
+    /// assistant turn, which may have called tools instead).
     #[serde(default)]
     pub content: Option<Content>,
+    /// A participant's name: refused, since the chat templates have no place for it.
+    #[serde(default)]
+    pub name: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -131,7 +171,7 @@ impl ChatRequest {
                         "messages",
                         format!(
                             "messages[{i}].role is {:?}; expected one of {}",
-                            m.role,
+                            echo(&m.role),
                             ROLES.join(", ")
                         ),
                     ));
@@ -141,8 +181,26 @@ impl ChatRequest {
                 } else {
                     &m.role
                 };
+                if m.name.as_ref().is_some_and(|n| !n.is_null()) {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!(
+                            "messages[{i}].name is not supported: the chat template has no \
+                             place for a participant's name"
+                        ),
+                    ));
+                }
                 let content = match &m.content {
-                    None => String::new(),
+                    None if m.role == "assistant" => String::new(),
+                    None => {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!(
+                                "messages[{i}].content is missing or null; only an assistant \
+                                 message may have none"
+                            ),
+                        ));
+                    }
                     Some(Content::Text(t)) => t.clone(),
                     Some(Content::Parts(parts)) => {
                         let mut text = String::new();
@@ -153,8 +211,9 @@ impl ChatRequest {
                                     return Err(ApiError::invalid(
                                         "messages",
                                         format!(
-                                            "messages[{i}].content[{j}] is of type {kind:?}: \
-                                             this model reads text parts only"
+                                            "messages[{i}].content[{j}] is of type {:?}: \
+                                             this model reads text parts only",
+                                            echo(kind)
                                         ),
                                     ));
                                 }
@@ -226,6 +285,54 @@ impl Sampling {
         }
         if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::invalid("tools", "`tools` is not supported"));
+        }
+        let given = [
+            &self.response_format,
+            &self.tool_choice,
+            &self.parallel_tool_calls,
+            &self.logit_bias,
+            &self.top_logprobs,
+            &self.best_of,
+            &self.user,
+        ];
+        for ((name, harmless), v) in UNSUPPORTED.into_iter().zip(given) {
+            let asks_nothing = match (name, v) {
+                (_, None | Some(Value::Null)) => true,
+                ("response_format", Some(v)) => v == &json!({"type": "text"}),
+                ("tool_choice", Some(v)) => *v == "none",
+                ("parallel_tool_calls", Some(v)) => v == &json!(false),
+                ("logit_bias", Some(v)) => v.as_object().is_some_and(|m| m.is_empty()),
+                ("top_logprobs", Some(v)) => v == &json!(0),
+                ("best_of", Some(v)) => v == &json!(1),
+                _ => false,
+            };
+            if !asks_nothing {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` is not supported (this server accepts only {harmless})"),
+                ));
+            }
+        }
+        for (name, v) in [
+            ("max_tokens", self.max_tokens),
+            ("max_completion_tokens", self.max_completion_tokens),
+        ] {
+            if let Some(n) = v
+                && n < 1
+            {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` is {n}; it must be at least 1"),
+                ));
+            }
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=MAX_TEMPERATURE).contains(&t)
+        {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("`temperature` is {t}; OpenAI's range is 0 to {MAX_TEMPERATURE}"),
+            ));
         }
         let d = SamplerParams::default();
         let top_k = match self.top_k {
@@ -475,7 +582,10 @@ impl ApiError {
             ..ApiError::new(
                 404,
                 "invalid_request_error",
-                format!("the model {asked:?} does not exist here; this server serves {served:?}"),
+                format!(
+                    "the model {:?} does not exist here; this server serves {served:?}",
+                    echo(asked)
+                ),
             )
         }
     }
@@ -489,8 +599,27 @@ impl ApiError {
                 400,
                 "invalid_request_error",
                 format!(
-                    "the prompt is {prompt} tokens; the context holds {n_ctx} tokens, prompt and \
-                     completion together"
+                    "the prompt is {prompt} tokens; the context holds {n_ctx} positions, so at \
+                     most {n_ctx} prompt tokens (prompt and completion together are at most {} \
+                     tokens: the last one generated takes no position)",
+                    n_ctx + 1
+                ),
+            )
+        }
+    }
+
+    /// A prompt with more bytes of text than the context's tokens can cover: 400, before it
+    /// is tokenized.
+    pub fn too_long_text(param: &'static str, bytes: usize, max: usize, n_ctx: usize) -> ApiError {
+        ApiError {
+            param: Some(param),
+            code: Some("context_length_exceeded"),
+            ..ApiError::new(
+                400,
+                "invalid_request_error",
+                format!(
+                    "the prompt is {bytes} bytes of text; the context holds {n_ctx} tokens, \
+                     which cover at most {max} bytes"
                 ),
             )
         }
@@ -540,7 +669,8 @@ impl ApiError {
             404,
             "invalid_request_error",
             format!(
-                "no endpoint {path}; this server has /v1/chat/completions, /v1/completions, /v1/models and /health"
+                "no endpoint {}; this server has /v1/chat/completions, /v1/completions, /v1/models and /health",
+                echo(path)
             ),
         )
     }
@@ -606,6 +736,68 @@ mod tests {
             sampling(json!({"stop": many})).unwrap_err().param,
             Some("stop")
         );
+    }
+
+    #[test]
+    fn every_openai_field_the_engine_lacks_is_refused_by_name() {
+        for (field, value) in [
+            ("response_format", json!({"type": "json_object"})),
+            ("tool_choice", json!("auto")),
+            ("parallel_tool_calls", json!(true)),
+            ("logit_bias", json!({"50256": -100})),
+            ("top_logprobs", json!(2)),
+            ("best_of", json!(3)),
+            ("user", json!("someone")),
+        ] {
+            let e = sampling(json!({ field: value })).unwrap_err();
+            assert_eq!((e.status, e.param), (400, Some(field)), "{}", e.message);
+            assert!(e.message.contains(field), "{}", e.message);
+        }
+        // What asks for nothing is accepted: the values clients send by default.
+        let harmless = json!({"response_format": {"type": "text"}, "tool_choice": "none",
+            "parallel_tool_calls": false, "logit_bias": {}, "top_logprobs": 0, "best_of": 1,
+            "user": null});
+        assert!(sampling(harmless).is_ok());
+        for (field, value) in [
+            ("max_tokens", json!(-5)),
+            ("max_tokens", json!(0)),
+            ("max_completion_tokens", json!(-1)),
+            ("temperature", json!(-1)),
+            ("temperature", json!(1e9)),
+            ("temperature", json!(2.5)),
+        ] {
+            let e = sampling(json!({ field: value })).unwrap_err();
+            assert_eq!((e.status, e.param), (400, Some(field)), "{field} {value}");
+        }
+        assert!(sampling(json!({"temperature": 2, "max_tokens": 1})).is_ok());
+    }
+
+    #[test]
+    fn a_message_needs_content_unless_it_is_the_assistants_and_has_no_name() {
+        for (message, expect) in [
+            (
+                json!({"role": "user", "content": null}),
+                "messages[0].content",
+            ),
+            (json!({"role": "system"}), "messages[0].content"),
+            (
+                json!({"role": "user", "content": "Hi", "name": "bob"}),
+                "messages[0].name",
+            ),
+        ] {
+            let r: ChatRequest = serde_json::from_value(json!({ "messages": [message] })).unwrap();
+            let e = r.messages().unwrap_err();
+            assert_eq!(e.param, Some("messages"));
+            assert!(e.message.contains(expect), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn an_error_repeats_at_most_a_line_of_what_the_client_sent() {
+        let e = ApiError::unknown_model(&"m".repeat(1 << 20), "smol");
+        assert!(e.message.len() < 200, "{}", e.message.len());
+        assert_eq!(echo("short"), "short");
+        assert_eq!(echo(&"é".repeat(100)).chars().count(), MAX_ECHOED_CHARS + 1);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod server;
 pub mod worker;
 
 use ch10::engine::BLOCK_SIZE;
-pub use server::{AppState, Limits, Loaded};
+pub use server::{AppState, Limits, Loaded, Tenant};
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -127,6 +127,7 @@ impl ServeArgs {
             timeout: Duration::from_secs(self.timeout),
             body_limit: self.body_limit,
             retry_after: 1,
+            preparing: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
         }
     }
 }
@@ -165,6 +166,10 @@ pub fn load_observed(
         .into());
     }
     let description = engine.describe(&path);
+    let max_text_bytes = server::max_text_bytes(&engine.tokenizer, n_ctx);
+    let body_limit = max_text_bytes.map_or(args.body_limit, |b| {
+        server::body_limit_for(b, n_ctx).min(args.body_limit)
+    });
     let config = SchedulerConfig {
         max_batch_tokens: args.batch_tokens.max(args.parallel),
         max_running: args.parallel,
@@ -188,6 +193,8 @@ pub fn load_observed(
         n_ctx,
         parallel: args.parallel,
         description,
+        max_text_bytes,
+        body_limit,
     })
 }
 // ANCHOR_END: load

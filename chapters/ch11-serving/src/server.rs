@@ -11,21 +11,23 @@
 use crate::api::{ApiError, ChatRequest, CompletionRequest, Endpoint, Head, Prompt, Usage};
 use crate::worker::{Event, Job, Ticket, Worker};
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Extension, State};
-use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Extension, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ch10::{Engine, GenParams, Message};
 use futures_util::stream::{self, Stream};
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The server's limits.
 #[derive(Debug, Clone)]
@@ -38,6 +40,11 @@ pub struct Limits {
     pub body_limit: usize,
     /// `Retry-After` of a 503, in seconds.
     pub retry_after: u64,
+    /// Requests being prepared at once — body read, JSON parsed, prompt tokenized — before
+    /// they take a place in the queue; others wait for a turn. This bounds the memory and CPU
+    /// that requests cost before `max_in_flight` applies: a request refused afterwards (a
+    /// prompt too long for the context, the queue full) has already been read and tokenized.
+    pub preparing: usize,
 }
 
 /// What the handlers use once the model is loaded.
@@ -52,6 +59,50 @@ pub struct Loaded {
     pub parallel: usize,
     /// What was loaded, in a line: the file, its format, the kernels and threads.
     pub description: String,
+    /// Most bytes of text a prompt that fits the context can have ([`max_text_bytes`]);
+    /// `None` where the tokenizer's normalization may shrink text, and no bound holds.
+    pub max_text_bytes: Option<usize>,
+    /// The largest body a request that fits the context needs ([`body_limit_for`]), at most
+    /// the configured limit.
+    pub body_limit: usize,
+}
+
+/// Most bytes of text that `n_ctx` tokens can cover: no token covers more than the longest
+/// token's bytes (its text, or what it decodes to). A longer prompt cannot fit, whatever it
+/// says, so it is refused before it is tokenized. Sound where tokenizing keeps every byte of
+/// the text in some token (SentencePiece and BPE); WordPiece and Unigram normalize text
+/// (accents dropped, runs of spaces collapsed), and get `None`.
+pub fn max_text_bytes(tokenizer: &ch10::Tokenizer, n_ctx: usize) -> Option<usize> {
+    use ch10::ch02::VocabKind;
+    if !matches!(tokenizer.vocab().kind, VocabKind::Spm | VocabKind::Bpe(_)) {
+        return None;
+    }
+    let longest = (0..tokenizer.vocab_size() as u32)
+        .map(|id| {
+            let text = tokenizer.token_text(id).map_or(0, str::len);
+            text.max(tokenizer.token_to_piece(id).len())
+        })
+        .max()?;
+    n_ctx.checked_mul(longest.max(1))
+}
+
+/// JSON writes one byte of text as at most 6 (`\u001f`).
+const JSON_BYTES_PER_TEXT_BYTE: usize = 6;
+/// JSON around each message (`{"role":"assistant","content":""},`) is under 64 bytes, and a
+/// conversation that fits has at most `n_ctx` messages (each adds a token of the template).
+const JSON_BYTES_PER_MESSAGE: usize = 64;
+/// Everything else a request holds: its other fields, up to 16 stop strings of 1 KiB.
+const JSON_BYTES_OTHER: usize = 64 << 10;
+
+/// The largest body that a request fitting a context of `n_ctx` tokens can need, given
+/// [`max_text_bytes`]: its text escaped as JSON at worst, the syntax of `n_ctx` messages, and
+/// the other fields. A larger body is refused unread (413): it cannot be a request the model
+/// can run.
+pub fn body_limit_for(max_text_bytes: usize, n_ctx: usize) -> usize {
+    max_text_bytes
+        .saturating_mul(JSON_BYTES_PER_TEXT_BYTE)
+        .saturating_add(n_ctx.saturating_mul(JSON_BYTES_PER_MESSAGE))
+        .saturating_add(JSON_BYTES_OTHER)
 }
 
 /// Shared by every handler.
@@ -60,6 +111,7 @@ pub struct AppState {
     /// Set once the model is loaded; until then every endpoint but `/health` answers 503.
     pub loaded: OnceLock<Loaded>,
     in_flight: AtomicUsize,
+    preparing: Arc<Semaphore>,
     draining: AtomicBool,
     next_response: AtomicU64,
     started: u64,
@@ -70,9 +122,19 @@ pub struct AppState {
 #[derive(Debug, Clone)]
 pub struct RequestLabel(pub Arc<str>);
 
+/// Who sent a request, put in its extensions by a layer in front of the routes that knows
+/// (chapter 12's API keys): its requests read and fill the prefix cache's partition `salt`
+/// only, so no other client can learn from a cache hit — or from `cached_tokens` — what it
+/// sent. A request without one is in partition 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    pub salt: u64,
+}
+
 impl AppState {
     pub fn new(limits: Limits) -> Arc<AppState> {
         Arc::new(AppState {
+            preparing: Arc::new(Semaphore::new(limits.preparing.max(1))),
             limits,
             loaded: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
@@ -94,6 +156,37 @@ impl AppState {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The largest body taken now: the configured limit, or less once the model is loaded
+    /// ([`body_limit_for`]).
+    pub fn body_limit(&self) -> usize {
+        self.loaded
+            .get()
+            .map_or(self.limits.body_limit, |l| l.body_limit)
+            .min(self.limits.body_limit)
+    }
+
+    /// A turn to prepare a request (see [`Limits::preparing`]), when one is free.
+    pub async fn preparing(&self) -> Preparing {
+        let permit = Arc::clone(&self.preparing)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        Preparing(Arc::new(std::sync::Mutex::new(Some(permit))))
+    }
+}
+
+/// A request's turn to be prepared ([`AppState::preparing`]). A layer in front of the routes
+/// that reads the body itself (chapter 12's) takes the turn first and puts it in the
+/// request's extensions; the handler keeps it until the prompt is tokenized.
+#[derive(Clone)]
+pub struct Preparing(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Preparing {
+    /// Give the turn back.
+    pub fn done(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -125,6 +218,10 @@ pub fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            admit,
+        ))
         // A panic in a handler is a 500 for that request; the server goes on.
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
@@ -134,6 +231,86 @@ pub fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 // ANCHOR_END: router
+
+// ANCHOR: admit
+/// What is refused from the headers alone, before a byte of the body is read:
+/// - an HTTP/1.1 request without `Host` (RFC 9112 §3.2 says 400);
+/// - a POST whose body is not declared `application/json` (415): a web page can make a
+///   browser send a "simple" cross-origin POST — `text/plain`, a form — to a server on the
+///   same machine without asking it first, and only JSON is worth reading here;
+/// - a declared `Content-Length` over the body limit (413 at once, not after waiting for the
+///   bytes).
+async fn admit(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if req.version() == Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+        return ApiError::new(
+            400,
+            "invalid_request_error",
+            "an HTTP/1.1 request must have a Host header",
+        )
+        .into_response();
+    }
+    if req.method() == Method::POST {
+        if !is_json(req.headers()) {
+            return ApiError::new(
+                415,
+                "invalid_request_error",
+                "the request body must be JSON, declared with Content-Type: application/json",
+            )
+            .into_response();
+        }
+        let limit = s.body_limit();
+        if let Some(n) = declared_length(req.headers())
+            && n > limit as u64
+        {
+            // A body a little too large is read and dropped first, so that the client reads
+            // the 413 instead of a reset (closing a socket with unread bytes resets it); a
+            // far larger one is not read at all.
+            if n <= (limit + LINGER_BYTES) as u64 {
+                let mut body = req.into_body();
+                let drain = async {
+                    let mut read = 0;
+                    while let Some(Ok(frame)) = body.frame().await {
+                        read += frame.data_ref().map_or(0, |d| d.len());
+                        if read > limit + LINGER_BYTES {
+                            break;
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+            }
+            let mut r = ApiError::too_large(limit).into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+    }
+    next.run(req).await
+}
+// ANCHOR_END: admit
+
+/// A body declared this much over the limit, or less, is read (and dropped) before its 413.
+const LINGER_BYTES: usize = 1 << 20;
+/// The longest time spent reading a body that will be refused.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// Whether `Content-Type` is `application/json` (parameters such as `charset` allowed).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| t.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The body's length as `Content-Length` declares it.
+pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -202,19 +379,38 @@ pub fn model_card(s: &AppState) -> Option<Value> {
     }))
 }
 
-/// The parsed body, or the error for it: 413 over the limit, 400 for anything else.
-fn parse<T: serde::de::DeserializeOwned>(
-    s: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(s.limits.body_limit)
+/// The body, read and parsed: 413 over the limit, 400 for anything else.
+async fn parse<T: serde::de::DeserializeOwned>(s: &AppState, body: Body) -> Result<T, ApiError> {
+    let limit = s.body_limit();
+    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if is_length_limit(&e) {
+            ApiError::too_large(limit)
         } else {
-            ApiError::invalid("body", e.body_text())
+            ApiError::invalid("body", e.to_string())
         }
     })?;
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_json(&e))
+}
+
+/// Whether reading a body failed because it passed the limit.
+pub fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Refuse a prompt of `bytes` bytes of text that cannot fit the context (see
+/// [`max_text_bytes`]), before tokenizing it.
+fn check_text_bytes(l: &Loaded, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+    match l.max_text_bytes {
+        Some(max) if bytes > max => Err(ApiError::too_long_text(param, bytes, max, l.n_ctx)),
+        _ => Ok(()),
+    }
 }
 
 fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
@@ -229,14 +425,26 @@ fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
 async fn chat(
     State(s): State<Arc<AppState>>,
     label: Option<Extension<RequestLabel>>,
-    body: Result<Bytes, BytesRejection>,
+    tenant: Option<Extension<Tenant>>,
+    turn: Option<Extension<Preparing>>,
+    body: Body,
 ) -> Response {
     let run = async {
         let l = s.loaded.get().ok_or_else(ApiError::loading)?;
-        let req: ChatRequest = parse(&s, body)?;
+        // Reading, parsing and tokenizing take turns (`Limits::preparing`).
+        let turn = match turn {
+            Some(Extension(t)) => t,
+            None => s.preparing().await,
+        };
+        let req: ChatRequest = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
         let (params, asked) = req.sampling.params()?;
         let messages = req.messages()?;
+        check_text_bytes(
+            l,
+            "messages",
+            messages.iter().map(|m| m.content.len()).sum(),
+        )?;
         if l.engine.template.is_none() {
             return Err(ApiError::invalid(
                 "messages",
@@ -248,7 +456,10 @@ async fn chat(
         let prompt = tokio::task::spawn_blocking(move || encode_chat(&engine, &messages))
             .await
             .map_err(|e| ApiError::internal(e.to_string()))??;
-        let request = Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
+        turn.done();
+        let mut request =
+            Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
+        request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
         generate(&s, l, request).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -269,16 +480,23 @@ fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiErr
 async fn completions(
     State(s): State<Arc<AppState>>,
     label: Option<Extension<RequestLabel>>,
-    body: Result<Bytes, BytesRejection>,
+    tenant: Option<Extension<Tenant>>,
+    turn: Option<Extension<Preparing>>,
+    body: Body,
 ) -> Response {
     let run = async {
         let l = s.loaded.get().ok_or_else(ApiError::loading)?;
-        let req: CompletionRequest = parse(&s, body)?;
+        let turn = match turn {
+            Some(Extension(t)) => t,
+            None => s.preparing().await,
+        };
+        let req: CompletionRequest = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
         let (params, asked) = req.sampling.params()?;
         let prompt = match req.prompt()? {
             Prompt::Tokens(ids) => ids,
             Prompt::Text(text) => {
+                check_text_bytes(l, "prompt", text.len())?;
                 let engine = Arc::clone(&l.engine);
                 tokio::task::spawn_blocking(move || engine.tokenizer.encode(&text, true, true))
                     .await
@@ -286,8 +504,9 @@ async fn completions(
             }
             Prompt::Texts(_) => unreachable!("prompt() returns one text"),
         };
+        turn.done();
         // Token ids outside the vocabulary are refused by the scheduler's `submit` (a 400).
-        let request = Generate::new(
+        let mut request = Generate::new(
             Endpoint::Completions,
             label,
             prompt,
@@ -295,6 +514,7 @@ async fn completions(
             asked,
             &req.sampling,
         );
+        request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
         generate(&s, l, request).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -328,6 +548,8 @@ struct Generate {
     asked: Option<usize>,
     stream: bool,
     include_usage: bool,
+    /// The prefix cache's partition ([`Tenant`]).
+    cache_salt: u64,
 }
 
 impl Generate {
@@ -350,6 +572,7 @@ impl Generate {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            cache_salt: 0,
         }
     }
 }
@@ -365,6 +588,7 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         asked,
         stream,
         include_usage,
+        cache_salt,
     } = request;
     let param = match endpoint {
         Endpoint::Chat => "messages",
@@ -415,6 +639,7 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         prompt,
         params,
         deadline: Instant::now() + s.limits.timeout,
+        cache_salt,
         events: tx,
     };
     place.ticket = Some(

@@ -36,6 +36,8 @@ pub struct Job {
     pub params: GenParams,
     /// When the request's time is up: it then ends as if it had reached its token limit.
     pub deadline: Instant,
+    /// The prefix cache's partition it reads and fills (its tenant's; 0 without tenants).
+    pub cache_salt: u64,
     /// Where its events go. The engine notices when the receiver is dropped (the client went
     /// away) and cancels the request.
     pub events: UnboundedSender<Event>,
@@ -271,7 +273,7 @@ fn engine_loop(
                         prompt: job.prompt,
                         params: job.params,
                     };
-                    match scheduler.submit(request) {
+                    match scheduler.submit_salted(request, job.cache_salt) {
                         Ok(id) => {
                             let _ = job.events.send(Event::Accepted);
                             tickets.insert(ticket, id);

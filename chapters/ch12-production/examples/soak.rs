@@ -2,7 +2,8 @@
 //! server's metrics and resident memory sampled every second, all written as JSON.
 //!
 //!   cargo run --release -p ch12 --example soak -- --url http://127.0.0.1:PORT --pid PID \
-//!       [--seconds 300] [--clients 16] [--body-limit BYTES] [--max-tokens 32] > soak.json
+//!       [--seconds 300] [--clients 16] [--body-limit BYTES] [--max-tokens 32] \
+//!       [--api-key KEY] [--header-timeout SECONDS] > soak.json
 //!
 //! Loopback only: it refuses a URL that is not on 127.0.0.1.
 
@@ -17,6 +18,7 @@ fn main() {
     let mut url = String::new();
     let (mut pid, mut seconds, mut clients, mut body_limit, mut max_tokens) =
         (0u32, 300u64, 16usize, 8usize << 20, 32usize);
+    let (mut api_key, mut header_timeout) = (String::new(), 10u64);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -34,6 +36,8 @@ fn main() {
             "--clients" => clients = number(value()) as usize,
             "--body-limit" => body_limit = number(value()) as usize,
             "--max-tokens" => max_tokens = number(value()) as usize,
+            "--api-key" => api_key = value(),
+            "--header-timeout" => header_timeout = number(value()),
             _ => fail(&format!("unknown argument {a:?}")),
         }
     }
@@ -88,6 +92,8 @@ fn main() {
         max_requests: usize::MAX,
         body_limit,
         max_tokens,
+        api_key,
+        header_timeout: Duration::from_secs(header_timeout),
     };
     let rss_start = soak::rss_kib(pid);
     let report = soak::run(&config, sample);

@@ -11,9 +11,12 @@
 //!   lands on the same variant;
 //! - a limit on the time a client may take to send its body (a 408), so that a slow client
 //!   cannot hold a place for ever;
+//! - API keys (`--api-key`, `--api-keys`): each a tenant with its own partition of the
+//!   prefix cache, and per-key limits (see [`crate::keys`]);
 //! - fault injection for the tests (hidden `--fault-injection`): a request with header
 //!   `X-Fault` makes the engine panic inside its step, or makes the engine thread die.
 
+use crate::keys::Keys;
 use crate::metrics::{EngineMetrics, Metrics};
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -27,6 +30,7 @@ use ch11::server::{RequestLabel, finish, model_card};
 use ch11::worker::{Observer, Outcome, PoolStatus};
 use ch11::{AppState, ServeArgs, StepReport};
 use futures_util::StreamExt;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,7 +95,12 @@ pub struct App {
     pub faults: Option<Arc<Faults>>,
     pub body_timeout: Duration,
     pub header_timeout: Duration,
+    pub idle_timeout: Duration,
     pub drain_timeout: Duration,
+    /// Open connections served in full; past them, the probes only (`serve`'s docs).
+    pub max_connections: usize,
+    /// The API keys, their tenants and limits; none, and every request is let in.
+    pub keys: Arc<Keys>,
 }
 
 impl App {
@@ -100,9 +109,11 @@ impl App {
         variants: Vec<(&'static str, ServeArgs)>,
         split_b: f64,
         faults: bool,
-        timeouts: [Duration; 3],
+        timeouts: [Duration; 4],
+        max_connections: usize,
+        keys: Keys,
     ) -> App {
-        let [body_timeout, header_timeout, drain_timeout] = timeouts;
+        let [body_timeout, header_timeout, idle_timeout, drain_timeout] = timeouts;
         let variants = variants
             .into_iter()
             .map(|(name, args)| {
@@ -116,14 +127,19 @@ impl App {
                 }
             })
             .collect();
+        let metrics = Metrics::new();
+        keys.register(&metrics.registry);
         App {
             variants,
             split_b,
-            metrics: Metrics::new(),
+            metrics,
+            keys: Arc::new(keys),
             faults: faults.then(Default::default),
             body_timeout,
             header_timeout,
+            idle_timeout,
             drain_timeout,
+            max_connections,
         }
     }
 
@@ -131,6 +147,7 @@ impl App {
     pub fn observer(&self, name: &'static str) -> Arc<dyn Observer> {
         Arc::new(EngineHooks {
             variant: name,
+            keys: Arc::clone(&self.keys),
             metrics: self.metrics.observer(name),
             faults: self.faults.clone(),
         })
@@ -219,10 +236,17 @@ impl App {
             .route("/ready", get(ready))
             .route("/metrics", get(metrics))
             .with_state(Arc::clone(self));
-        // Chapter 11's unknown-path and wrong-method errors, and its 500 for a handler's panic.
-        finish(routes, Arc::clone(&self.variants[0].state)).layer(
-            axum::middleware::from_fn_with_state(Arc::clone(self), each_request),
-        )
+        // Chapter 11's unknown-path and wrong-method errors, its checks of the headers, and its
+        // 500 for a handler's panic; the keys; outermost, the request's id, log line and count.
+        finish(routes, Arc::clone(&self.variants[0].state))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(self),
+                authorize,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(self),
+                each_request,
+            ))
     }
 }
 
@@ -348,6 +372,35 @@ async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next)
 }
 // ANCHOR_END: each_request
 
+// ANCHOR: authorize
+/// With API keys, a request to `/v1/` must carry one ([`Keys::admit`]): it then runs as its
+/// key's [`Tenant`], holding a place among the key's requests until its body has been sent.
+async fn authorize(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    if !app.keys.enabled() || !req.uri().path().starts_with("/v1/") {
+        return next.run(req).await;
+    }
+    let label = req
+        .extensions()
+        .get::<RequestLabel>()
+        .map_or_else(String::new, |l| l.0.to_string());
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let (tenant, admitted) = match app.keys.admit(authorization, &label) {
+        Ok(a) => a,
+        Err(refused) => return refused.into_error().into_response(),
+    };
+    req.extensions_mut().insert(tenant);
+    let (parts, body) = next.run(req).await.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _ = &admitted;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
+}
+// ANCHOR_END: authorize
+
 // ANCHOR: generation
 /// `POST /v1/chat/completions` and `/v1/completions`: read the body (within the time limit),
 /// choose the variant, and hand the request to its chapter 11 server.
@@ -356,8 +409,17 @@ async fn generation(State(app): State<Arc<App>>, req: Request) -> Response {
         .extensions()
         .get::<RequestLabel>()
         .map_or_else(String::new, |l| l.0.to_string());
-    let limit = app.variants[0].args.body_limit;
-    let (parts, body) = req.into_parts();
+    // The largest body a loaded variant takes (chapter 11's limit from its context).
+    let limit = app
+        .variants
+        .iter()
+        .map(|v| v.state.body_limit())
+        .max()
+        .unwrap_or(0);
+    let (mut parts, body) = req.into_parts();
+    // Reading the body is the first part of preparing the request: it takes a turn, which
+    // chapter 11's handler keeps until the prompt is tokenized.
+    let turn = app.variants[0].state.preparing().await;
     let read = tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit));
     let bytes: Bytes = match read.await {
         Err(_) => {
@@ -372,7 +434,9 @@ async fn generation(State(app): State<Arc<App>>, req: Request) -> Response {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
-        Ok(Err(e)) if is_length_limit(&e) => return ApiError::too_large(limit).into_response(),
+        Ok(Err(e)) if ch11::server::is_length_limit(&e) => {
+            return ApiError::too_large(limit).into_response();
+        }
         Ok(Err(e)) => return ApiError::invalid("body", e.to_string()).into_response(),
         Ok(Ok(b)) => b,
     };
@@ -392,23 +456,13 @@ async fn generation(State(app): State<Arc<App>>, req: Request) -> Response {
         let mut planted = faults.planted.lock().unwrap_or_else(|e| e.into_inner());
         planted.insert(label, fault);
     }
+    parts.extensions.insert(turn);
     let req = Request::from_parts(parts, Body::from(bytes));
     let Ok(mut response) = variant.router.clone().oneshot(req).await;
     response.extensions_mut().insert(Answered(variant.name));
     response
 }
 // ANCHOR_END: generation
-
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
 
 /// `GET /v1/models`: every variant's model.
 async fn models(State(app): State<Arc<App>>) -> Response {
@@ -487,6 +541,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 /// What one variant's engine thread tells: metrics, a log line per request, planted faults.
 struct EngineHooks {
     variant: &'static str,
+    keys: Arc<Keys>,
     metrics: EngineMetrics,
     faults: Option<Arc<Faults>>,
 }
@@ -530,6 +585,8 @@ impl Observer for EngineHooks {
 
     fn done(&self, label: &str, o: &Outcome) {
         self.metrics.done(label, o);
+        self.keys
+            .charge(label, (o.prompt_tokens + o.completion_tokens) as u64);
         tracing::info!(
             request_id = label,
             variant = self.variant,

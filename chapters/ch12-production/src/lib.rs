@@ -7,9 +7,12 @@
 //! - [`app`]: request ids, a `tracing` span per request and JSON logs (`--log-format json`),
 //!   `/health` and `/ready`, A/B serving of two models, a time limit on request bodies, and the
 //!   test-only fault injection;
-//! - [`serve`]: an accept loop with a time limit on request headers, and a shutdown that
-//!   drains (SIGTERM: stop accepting, finish what is in flight within `--drain-timeout`, end
-//!   the rest with their final events, exit 0);
+//! - [`keys`]: API keys (hashed at rest), each a tenant with its own partition of the prefix
+//!   cache, and per-key limits;
+//! - [`serve`]: an accept loop with deadlines on every connection and a cap on how many are
+//!   open (past it, the probes still answer), and a shutdown that drains (SIGTERM: stop
+//!   accepting, finish what is in flight within `--drain-timeout`, end the rest with their
+//!   final events, exit 0);
 //!
 //! Faults: a panic inside a step fails the requests of that step with a 500 and the engine
 //! goes on with a fresh scheduler (chapter 11's worker catches it); a panic in a handler is a
@@ -25,6 +28,7 @@
 //! [`Observer`]: ch11::worker::Observer
 
 pub mod app;
+pub mod keys;
 pub mod metrics;
 pub mod serve;
 
@@ -40,6 +44,11 @@ pub use ch11::{self, *};
 /// The exit status when an engine thread has died: not 0, so that an orchestrator restarts
 /// the server; 70 is `EX_SOFTWARE` of sysexits.h, "an internal software error".
 pub const EXIT_ENGINE_DIED: i32 = 70;
+
+/// The default `--max-connections`: a connection costs a file descriptor and a few KiB, and
+/// 512 stays well under the usual limit of 1024 descriptors a process may open, leaving room
+/// for the model file, logs and the probe connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// How often the watchdog looks at the engine threads.
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(250);
@@ -64,10 +73,15 @@ pub struct Args {
     /// On SIGTERM or SIGINT, seconds the requests in flight have to finish before they are
     /// ended (each with its final event); the process exits at most 2 s later.
     pub drain_timeout: u64,
-    /// Seconds a client may take to send a request's headers before its connection is closed.
+    /// Seconds a client may take to send a request's headers, and a new connection its first
+    /// request, before the connection is closed.
     pub header_timeout: u64,
     /// Seconds a client may take to send a request's body before it is answered 408.
     pub body_timeout: u64,
+    /// Seconds a connection with no request in flight stays open.
+    pub idle_timeout: u64,
+    /// Connections served at once; past them, only the probes are answered.
+    pub max_connections: usize,
     /// A second model to serve (A/B): requests naming it go to it, and a share of those naming
     /// no model (`split_b`).
     pub model_b: Option<PathBuf>,
@@ -77,6 +91,14 @@ pub struct Args {
     pub split_b: f64,
     /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
     pub fault_injection: bool,
+    /// An API key every request to `/v1/` must carry (`Authorization: Bearer KEY`).
+    pub api_key: Option<String>,
+    /// A file of API keys, `NAME SHA256-HEX` per line ([`keys`]).
+    pub api_keys: Option<PathBuf>,
+    /// Requests one key may have in flight at once (0: no limit).
+    pub key_max_in_flight: usize,
+    /// Tokens, prompt and completion, one key may use per minute (0: no limit).
+    pub key_tokens_per_minute: u64,
 }
 
 impl Default for Args {
@@ -89,10 +111,16 @@ impl Default for Args {
             drain_timeout: 30,
             header_timeout: 10,
             body_timeout: 30,
+            idle_timeout: 60,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             model_b: None,
             alias_b: None,
             split_b: 0.5,
             fault_injection: false,
+            api_key: None,
+            api_keys: None,
+            key_max_in_flight: 0,
+            key_tokens_per_minute: 0,
         }
     }
 }
@@ -111,6 +139,8 @@ impl Args {
         for (flag, v) in [
             ("--header-timeout", self.header_timeout),
             ("--body-timeout", self.body_timeout),
+            ("--idle-timeout", self.idle_timeout),
+            ("--max-connections", self.max_connections as u64),
         ] {
             if v == 0 {
                 return Err(format!("{flag} must be at least 1"));
@@ -122,6 +152,7 @@ impl Args {
             ("--drain-timeout", self.drain_timeout),
             ("--header-timeout", self.header_timeout),
             ("--body-timeout", self.body_timeout),
+            ("--idle-timeout", self.idle_timeout),
             ("--timeout", self.serve.timeout),
         ] {
             if v > DAY {
@@ -146,18 +177,27 @@ impl Args {
         v
     }
 
-    /// The application, not loaded yet.
-    pub fn app(&self) -> App {
-        App::new(
+    /// The application, not loaded yet: an error if the keys cannot be read.
+    pub fn app(&self) -> Result<App, String> {
+        let keys = keys::Keys::new(
+            self.api_key.as_deref(),
+            self.api_keys.as_deref(),
+            self.key_max_in_flight,
+            self.key_tokens_per_minute,
+        )?;
+        Ok(App::new(
             self.variants(),
             self.split_b,
             self.fault_injection,
             [
                 Duration::from_secs(self.body_timeout),
                 Duration::from_secs(self.header_timeout),
+                Duration::from_secs(self.idle_timeout),
                 Duration::from_secs(self.drain_timeout),
             ],
-        )
+            self.max_connections,
+            keys,
+        ))
     }
 }
 
@@ -236,13 +276,13 @@ fn load_all(app: &App) {
 /// another thread, watch the engine threads, serve until SIGTERM or SIGINT, drain, return.
 pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     args.check()?;
+    let app = Arc::new(args.app()?);
     ch11::runtime()?.block_on(async {
         let (host, port) = (&args.serve.host, args.serve.port);
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
             .map_err(|e| format!("--host {host} --port {port}: cannot listen: {e}"))?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
-        let app = Arc::new(args.app());
         let loading = Arc::clone(&app);
         std::thread::Builder::new()
             .name("load".into())

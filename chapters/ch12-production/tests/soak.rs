@@ -1,6 +1,7 @@
-//! The soak, as CI runs it: 60 seconds of mixed requests against the `ch12` binary — normal,
-//! streamed, cancelled, malformed, oversized, unknown — and then the verdict: nothing lost,
-//! nothing failed, resident memory grown by no more than a bound.
+//! The soak, as CI runs it: 60 seconds of mixed requests against the production server —
+//! normal, streamed, cancelled, malformed, oversized, unknown, and hostile: silent connections,
+//! lying lengths, wrong keys — and then the verdict: nothing lost, nothing failed, resident
+//! memory grown by no more than a bound.
 
 mod common;
 
@@ -27,6 +28,12 @@ const MAX_RSS_GROWTH_KIB: u64 = 32 * 1024;
 /// The server's body limit in this test, so that the oversized requests are cheap to send.
 const BODY_LIMIT: usize = 64 * 1024;
 
+/// The server's header timeout in this test: each silent connection holds a client this long.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The server's API key in this test (from the environment, as a deployment gives it).
+const API_KEY: &str = "sk-soak-test";
+
 #[test]
 fn a_minute_of_mixed_requests_loses_nothing_and_memory_stays_bounded() {
     let mut args = flags();
@@ -38,11 +45,19 @@ fn a_minute_of_mixed_requests_loses_nothing_and_memory_stays_bounded() {
             "32",
             "--body-limit",
             &BODY_LIMIT.to_string(),
+            "--header-timeout",
+            &HEADER_TIMEOUT.as_secs().to_string(),
         ]
         .map(str::to_string),
     );
     // The per-request lines stay out of the test's memory; the "listening" line is needed.
-    let s = start(&args, &[("RUST_LOG", "warn,ch12=info,ch12::app=warn")]);
+    let s = start(
+        &args,
+        &[
+            ("RUST_LOG", "warn,ch12=info,ch12::app=warn"),
+            ("LLM_RS_API_KEY", API_KEY),
+        ],
+    );
     let config = |duration, max_requests| Config {
         base: s.base.clone(),
         clients: 8,
@@ -50,6 +65,8 @@ fn a_minute_of_mixed_requests_loses_nothing_and_memory_stays_bounded() {
         max_requests,
         body_limit: BODY_LIMIT,
         max_tokens: 16,
+        api_key: API_KEY.into(),
+        header_timeout: HEADER_TIMEOUT,
     };
     // Warm-up: every kind once or more, so that the start's memory is a working server's.
     let warm = soak::run(&config(WARM_UP, 1_000_000), |_| {});

@@ -1,6 +1,7 @@
 //! The soak: many clients for a set time, mixing the requests a public server meets — normal
 //! ones, streamed or not; streams the client drops after two events; malformed JSON; bodies
-//! over the limit; unknown paths — and checking that each gets its answer. Shared by
+//! over the limit; unknown paths — and the hostile ones: connections that send nothing, a
+//! declared length of 100 MB, a wrong API key — and checking that each gets its answer. Shared by
 //! `tests/soak.rs` (60 s in CI) and `examples/soak.rs` (`scripts/soak`, any length).
 //!
 //! Every request is one of:
@@ -31,7 +32,15 @@ pub struct Config {
     pub body_limit: usize,
     /// Tokens each normal request asks for.
     pub max_tokens: usize,
+    /// The server's API key, which every request but the wrong-key ones carries.
+    pub api_key: String,
+    /// The server's `--header-timeout`: a silent connection must be closed by then.
+    pub header_timeout: Duration,
 }
+
+/// How late a silent connection may be closed after the header timeout: the server looks at
+/// its connections' deadlines every 250 ms, and a busy machine may be a second late.
+const CLOSE_SLACK: Duration = Duration::from_millis(1500);
 
 /// What became of the requests of one kind.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
@@ -56,7 +65,7 @@ enum Verdict {
     Lost(String),
 }
 
-const KINDS: [&str; 10] = [
+const KINDS: [&str; 13] = [
     "chat",
     "chat-stream",
     "completion",
@@ -67,7 +76,64 @@ const KINDS: [&str; 10] = [
     "malformed",
     "oversized",
     "unknown-path",
+    "silent",
+    "lying-length",
+    "wrong-key",
 ];
+
+/// A connection that sends nothing: served if the server closes it by its header timeout.
+fn silent(cfg: &Config) -> Verdict {
+    let port: u16 = match cfg.base.rsplit(':').next().and_then(|p| p.parse().ok()) {
+        Some(p) => p,
+        None => return Verdict::Failed(format!("silent: no port in {}", cfg.base)),
+    };
+    let started = Instant::now();
+    let mut c = match std::net::TcpStream::connect(("127.0.0.1", port)) {
+        Ok(c) => c,
+        Err(e) => return Verdict::Lost(format!("silent: connect: {e}")),
+    };
+    let _ = c.set_read_timeout(Some(cfg.header_timeout + CLOSE_SLACK));
+    let mut buf = [0u8; 256];
+    match std::io::Read::read(&mut c, &mut buf) {
+        Ok(0) => Verdict::Served,
+        Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Verdict::Served,
+        _ => Verdict::Failed(format!("silent: still open after {:?}", started.elapsed())),
+    }
+}
+
+/// A declared length of 100 MB with one byte sent: served if answered 413 within 2 s.
+fn lying_length(cfg: &Config) -> Verdict {
+    let port: u16 = cfg
+        .base
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let started = Instant::now();
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return Verdict::Lost("lying-length: connect".into());
+    };
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {}\r\nContent-Length: 100000000\r\n\r\n{{",
+        cfg.api_key
+    );
+    let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+    if std::io::Write::write_all(&mut c, head.as_bytes()).is_err() {
+        return Verdict::Lost("lying-length: write".into());
+    }
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut c, &mut answer);
+    let took = started.elapsed();
+    if !answer.starts_with(b"HTTP/1.1 413") {
+        let text = String::from_utf8_lossy(&answer[..answer.len().min(80)]).into_owned();
+        return Verdict::Failed(format!("lying-length: {text:?}"));
+    }
+    if took > Duration::from_secs(2) {
+        return Verdict::Failed(format!("lying-length: 413 after {took:?}"));
+    }
+    Verdict::Served
+}
 
 fn prompt(i: usize) -> String {
     // Half the requests share a start (prefix-cache hits), all differ in the end.
@@ -129,7 +195,14 @@ fn one(client: &Client, cfg: &Config, i: usize) -> (&'static str, Verdict) {
                "temperature": 0.7, "seed": i, "stream": stream})
     };
     let completion = |stream: bool| json!({"prompt": prompt(i), "max_tokens": cfg.max_tokens, "temperature": 0, "stream": stream});
-    let send = |path: &str, body: &Value| client.post(format!("{base}{path}")).json(body).send();
+    let key = &cfg.api_key;
+    let send = |path: &str, body: &Value| {
+        client
+            .post(format!("{base}{path}"))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+    };
     let expect_status = |r: reqwest::Result<reqwest::blocking::Response>, want: u16| match r {
         Err(e) => Verdict::Lost(format!("{kind}: {e}")),
         Ok(r) => {
@@ -174,6 +247,7 @@ fn one(client: &Client, cfg: &Config, i: usize) -> (&'static str, Verdict) {
         "malformed" => {
             let r = client
                 .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
                 .header("content-type", "application/json")
                 .body(format!(
                     "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{i}"
@@ -184,12 +258,29 @@ fn one(client: &Client, cfg: &Config, i: usize) -> (&'static str, Verdict) {
         "oversized" => {
             let r = client
                 .post(format!("{base}/v1/completions"))
+                .bearer_auth(key)
                 .header("content-type", "application/json")
                 .body(vec![b' '; cfg.body_limit + 1])
                 .send();
             expect_status(r, 413)
         }
-        _ => expect_status(client.get(format!("{base}/v1/nothing-{i}")).send(), 404),
+        "silent" => silent(cfg),
+        "lying-length" => lying_length(cfg),
+        "wrong-key" => expect_status(
+            client
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(format!("{key}-{i}"))
+                .json(&chat(false, 1))
+                .send(),
+            401,
+        ),
+        _ => expect_status(
+            client
+                .get(format!("{base}/v1/nothing-{i}"))
+                .bearer_auth(key)
+                .send(),
+            404,
+        ),
     };
     (kind, verdict)
 }
