@@ -31,12 +31,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (model, weights) = if args.dense {
         (
             Model::load(&file, &DenseLoader, &ch07::architectures())?,
-            "f32 weights (DenseLoader)",
+            "f32 weights (DenseLoader: chapter 3's scalar dot product)",
         )
     } else {
         (
             Model::load(&file, &QuantLoader, &ch07::architectures())?,
-            "Q4_1 weights (QuantLoader)",
+            "Q4_1 weights (QuantLoader: chapter 6's scalar kernels)",
         )
     };
     let runs = args.runs.max(1);
@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!(
         "{} tokens generated per request (greedy) after prompts of 3 to 15 tokens; {weights}; \
-         chapter 6's scalar kernels, one thread; median of {runs} runs; {} ({} hardware threads).",
+         one thread; median of {runs} runs; {} ({} hardware threads).",
         throughput::N_GENERATE,
         throughput::cpu_name(),
         std::thread::available_parallelism().map_or(1, |n| n.get()),

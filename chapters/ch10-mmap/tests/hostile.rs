@@ -21,8 +21,8 @@ const LAYERS: usize = 2;
 /// the bound is generous for a loaded CI machine, and far below "hangs".
 const MAX_SECONDS: u64 = 30;
 
-/// Most memory (peak resident set) a hostile run may use. The cut model maps about 25 MB and
-/// a 4096-position KV cache of 2 layers takes 3 MB; a run that sized anything by a hostile
+/// Most memory (peak resident set) a hostile run may use. The cut model maps about 36 MB and
+/// a 4096-position f32 KV cache of 2 layers takes 12 MiB; a run that sized anything by a hostile
 /// number would take gigabytes or abort.
 const MAX_RSS_BYTES: u64 = 512 << 20;
 
