@@ -179,8 +179,9 @@ pub fn table(
 ) -> Result<String, Box<dyn std::error::Error>> {
     let params = params();
     let show = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{x:.1}"));
-    let mut out = String::from(
-        "| concurrent requests | one at a time (tok/s on CPU) | batched (tok/s on CPU) | speed-up | one at a time (tok/s wall) | batched (tok/s wall) |\n|---:|---:|---:|---:|---:|---:|\n",
+    let basis = if on_cpu { "CPU time" } else { "wall clock" };
+    let mut out = format!(
+        "| concurrent requests | one at a time (tok/s on CPU) | batched (tok/s on CPU) | speed-up ({basis}) | one at a time (tok/s wall) | batched (tok/s wall) |\n|---:|---:|---:|---:|---:|---:|\n",
     );
     for n in CONCURRENCY {
         let prompts: Vec<Vec<u32>> = PROMPTS[..n]
