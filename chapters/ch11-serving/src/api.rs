@@ -592,36 +592,35 @@ impl ApiError {
 
     /// A prompt that does not fit the context: 400, saying how many tokens fit.
     pub fn context(param: &'static str, prompt: usize, n_ctx: usize) -> ApiError {
-        ApiError {
-            param: Some(param),
-            code: Some("context_length_exceeded"),
-            ..ApiError::new(
-                400,
-                "invalid_request_error",
-                format!(
-                    "the prompt is {prompt} tokens; the context holds {n_ctx} positions, so at \
-                     most {n_ctx} prompt tokens (prompt and completion together are at most {} \
-                     tokens: the last one generated takes no position)",
-                    n_ctx + 1
-                ),
-            )
-        }
+        ApiError::context_exceeded(
+            param,
+            format!(
+                "the prompt is {prompt} tokens; the context holds {n_ctx} positions, so at most \
+                 {n_ctx} prompt tokens (prompt and completion together are at most {} tokens: \
+                 the last one generated takes no position)",
+                n_ctx + 1
+            ),
+        )
     }
 
     /// A prompt with more bytes of text than the context's tokens can cover: 400, before it
     /// is tokenized.
     pub fn too_long_text(param: &'static str, bytes: usize, max: usize, n_ctx: usize) -> ApiError {
+        ApiError::context_exceeded(
+            param,
+            format!(
+                "the prompt is {bytes} bytes of text; the context holds {n_ctx} tokens, which \
+                 cover at most {max} bytes"
+            ),
+        )
+    }
+
+    /// OpenAI's `context_length_exceeded`: 400 on `param`.
+    fn context_exceeded(param: &'static str, message: String) -> ApiError {
         ApiError {
             param: Some(param),
             code: Some("context_length_exceeded"),
-            ..ApiError::new(
-                400,
-                "invalid_request_error",
-                format!(
-                    "the prompt is {bytes} bytes of text; the context holds {n_ctx} tokens, \
-                     which cover at most {max} bytes"
-                ),
-            )
+            ..ApiError::new(400, "invalid_request_error", message)
         }
     }
 

@@ -29,7 +29,6 @@ use ch11::api::ApiError;
 use ch11::server::{RequestLabel, finish, model_card};
 use ch11::worker::{Observer, Outcome, PoolStatus};
 use ch11::{AppState, ServeArgs, StepReport};
-use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -363,14 +362,21 @@ async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next)
         drop(ended);
         return response;
     }
-    let (parts, body) = response.into_parts();
-    let body = body.into_data_stream().map(move |chunk| {
-        let _ = &ended;
-        chunk
-    });
-    Response::from_parts(parts, Body::from_stream(body))
+    keep_until_sent(response, ended)
 }
 // ANCHOR_END: each_request
+
+/// `response`, with `guard` dropped when its body has been sent (or dropped, if the client
+/// leaves) rather than now: what a stream's log line, a key's place and a connection's
+/// in-flight count wait for. The body's size is kept, so a whole response keeps its length.
+pub(crate) fn keep_until_sent<G: Send + Sync + 'static>(response: Response, guard: G) -> Response {
+    let (parts, body) = response.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _ = &guard;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
+}
 
 // ANCHOR: authorize
 /// With API keys, a request to `/v1/` must carry one ([`Keys::admit`]): it then runs as its
@@ -392,12 +398,7 @@ async fn authorize(State(app): State<Arc<App>>, mut req: Request, next: Next) ->
         Err(refused) => return refused.into_error().into_response(),
     };
     req.extensions_mut().insert(tenant);
-    let (parts, body) = next.run(req).await.into_parts();
-    let body = body.map_frame(move |frame| {
-        let _ = &admitted;
-        frame
-    });
-    Response::from_parts(parts, Body::new(body))
+    keep_until_sent(next.run(req).await, admitted)
 }
 // ANCHOR_END: authorize
 

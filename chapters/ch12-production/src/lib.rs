@@ -244,6 +244,8 @@ fn load_all(app: &App) {
                     model = l.model_id,
                     parallel = l.parallel,
                     n_ctx = l.n_ctx,
+                    body_limit = l.body_limit,
+                    max_text_bytes = ?l.max_text_bytes,
                     load_s = took.as_secs_f64(),
                     "loaded: {}",
                     l.description

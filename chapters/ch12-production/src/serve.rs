@@ -24,12 +24,11 @@
 //!   keep-alive connection is closed when the drain starts (hyper's graceful shutdown), so a
 //!   client sees a closed connection, not a 503, for its next request.
 
-use crate::app::App;
+use crate::app::{App, keep_until_sent};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use ch11::api::ApiError;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -220,12 +219,7 @@ impl Connections {
                     router.oneshot(req).await?
                 };
                 // The request is in flight until its body has been sent.
-                let (parts, body) = response.into_parts();
-                let body = body.map_frame(move |frame| {
-                    let _ = &in_flight;
-                    frame
-                });
-                Ok::<_, std::convert::Infallible>(Response::from_parts(parts, Body::new(body)))
+                Ok::<_, std::convert::Infallible>(keep_until_sent(response, in_flight))
             }
         });
         let io = TokioIo::new(stream);

@@ -81,14 +81,20 @@ const KINDS: [&str; 13] = [
     "wrong-key",
 ];
 
+/// The server's port, from `cfg.base` (`http://127.0.0.1:PORT`; 0 if it has none, which no
+/// connection reaches).
+fn port(cfg: &Config) -> u16 {
+    cfg.base
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A connection that sends nothing: served if the server closes it by its header timeout.
 fn silent(cfg: &Config) -> Verdict {
-    let port: u16 = match cfg.base.rsplit(':').next().and_then(|p| p.parse().ok()) {
-        Some(p) => p,
-        None => return Verdict::Failed(format!("silent: no port in {}", cfg.base)),
-    };
     let started = Instant::now();
-    let mut c = match std::net::TcpStream::connect(("127.0.0.1", port)) {
+    let mut c = match std::net::TcpStream::connect(("127.0.0.1", port(cfg))) {
         Ok(c) => c,
         Err(e) => return Verdict::Lost(format!("silent: connect: {e}")),
     };
@@ -103,14 +109,8 @@ fn silent(cfg: &Config) -> Verdict {
 
 /// A declared length of 100 MB with one byte sent: served if answered 413 within 2 s.
 fn lying_length(cfg: &Config) -> Verdict {
-    let port: u16 = cfg
-        .base
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
     let started = Instant::now();
-    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port(cfg))) else {
         return Verdict::Lost("lying-length: connect".into());
     };
     let head = format!(
