@@ -41,7 +41,7 @@ pub struct Generate {
     pub threads: usize,
     /// Context size: positions a run holds (default: 4096, or the model's context if
     /// shorter).
-    #[arg(long)]
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
     pub ctx: Option<usize>,
     /// Chat: the prompt (if any) is the first user message, then one message per line of
     /// stdin, each answered through the model's chat template; /exit or end of input stops.

@@ -11,7 +11,8 @@
 //! - `engine` (feature `engine`): chapter 10's engine, those flags and the loading ones;
 //! - `server` (feature `server`): chapter 11's OpenAI server;
 //! - `production` (feature `production`): chapter 12's server, every flag also from the
-//!   environment and a TOML file (`settings`).
+//!   environment and a TOML file (`settings`);
+//! - `scaling` (feature `scaling`): chapter 14's engine, chapter 10's flags and `--mem-budget`.
 
 pub mod generate;
 
@@ -19,6 +20,8 @@ pub mod generate;
 pub mod engine;
 #[cfg(feature = "production")]
 pub mod production;
+#[cfg(feature = "scaling")]
+pub mod scaling;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "production")]

@@ -1,7 +1,8 @@
 //! `llm-rs`: the finished engine, at the top of the tower. One binary runs every architecture
-//! the chapters know ([`ch13::architectures`]):
+//! the chapters know ([`ch14::architectures`]):
 //!
-//! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags);
+//! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags,
+//!   behind chapter 14's memory budget: `--mem-budget` prints it);
 //! - `llm-rs chat [--model PATH]`: a conversation, one message per line of standard input;
 //! - `llm-rs serve [--port 8080] …`: the production server (chapter 12's, its flags,
 //!   environment variables and configuration file);
@@ -9,10 +10,10 @@
 //!   and whether this engine runs its architecture.
 //!
 //! `llm-rs SUBCOMMAND --help` lists a subcommand's flags (the `flags` crate's). When a chapter
-//! is added above chapter 13, this package depends on it instead and names its set of
+//! is added above chapter 14, this package depends on it instead and names its set of
 //! architectures: one line in `Cargo.toml`, one in `main`.
 
-use ch13::{Architectures, Config, GgufFile};
+use ch14::{Architectures, Config, GgufFile};
 use clap::{Parser, Subcommand};
 use std::error::Error;
 use std::ffi::OsString;
@@ -74,7 +75,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
     };
     let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    print!("{}", ch13::ch01::inspect::summary(&file, &name));
+    print!("{}", ch14::ch01::inspect::summary(&file, &name));
     let arch = file
         .gguf
         .architecture()
@@ -93,7 +94,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
 }
 
 fn main() {
-    let archs = ch13::architectures();
+    let archs = ch14::architectures();
     match Cli::parse().command {
         Command::Inspect { path } => {
             if let Err(e) = inspect(path, &archs) {
@@ -101,9 +102,9 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        Command::Run { args } => flags::engine::main_from(argv("llm-rs run", &[], args), archs),
+        Command::Run { args } => flags::scaling::main_from(argv("llm-rs run", &[], args), archs),
         Command::Chat { args } => {
-            flags::engine::main_from(argv("llm-rs chat", &["--chat"], args), archs)
+            flags::scaling::main_from(argv("llm-rs chat", &["--chat"], args), archs)
         }
         Command::Serve { args } => {
             flags::production::main_from(argv("llm-rs serve", &[], args), archs)

@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 from . import engine as E
-from . import facts, gemma3, prompts, quant, tokenizer, variants
+from . import facts, gemma3, large, prompts, quant, tokenizer, variants
 from .common import log, sha256_file, write_json
 from .f32_model import write_f32_copy
 
@@ -60,6 +60,12 @@ def describe(rel: str) -> str:
         return f"synthetic variant {m[1]}: every intermediate tensor of the prompt"
     if m := re.fullmatch(r"variants/(\w+)/generation\.safetensors", rel):
         return f"synthetic variant {m[1]}: greedy continuation, top-k logits per decode step"
+    if rel == "large/models.json":
+        return "chapter 14's generated large models (two layers, full width): recipe, file " \
+            "sha256, prompt and llama.cpp's greedy continuation"
+    if m := re.fullmatch(r"large/([\w-]+)\.safetensors", rel):
+        return f"generated model {m[1]}: prompt ids, llama.cpp's logits after the prompt, " \
+            "its greedy continuation"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
         return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
@@ -194,6 +200,8 @@ def main() -> int:
     g3["settings"] = g3_settings.describe()
     log("step 11: synthetic llama-family variants")
     va = variants.export_variants(stage / "tokenizer", args.cache, stage, f32_settings)
+    log("step 12: chapter 14's generated large models")
+    la = large.export_large(args.out.resolve().parent, args.cache, stage, quant_settings)
 
     files = {}
     for p in sorted(stage.rglob("*")):
@@ -262,6 +270,12 @@ def main() -> int:
             "how": "synthetic models built from variants/<id>/model.json by gguf-py, kept in "
             "the cache, not committed; run with the default model's F32 settings",
             **va,
+        },
+        "large": {
+            "how": "chapter 14's recipes written by its make-model example (cut to two layers, "
+            "full width), kept in the cache, not committed; run with the quantized variants' "
+            "settings",
+            **la,
         },
         "files": files,
         "reduced_precision": pr["reduced_precision"],

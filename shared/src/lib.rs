@@ -8,5 +8,6 @@
 pub mod memory;
 pub mod model;
 pub use model::{
-    DEFAULT_MODEL, GEMMA3_MODEL, ModelSpec, WheelPart, cache_dir, default_model_path, ensure_cached,
+    DEFAULT_MODEL, GEMMA3_MODEL, ModelSpec, WheelPart, cache_dir, default_model_path,
+    ensure_cached, ensure_made, sha256_file,
 };

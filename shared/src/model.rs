@@ -187,14 +187,23 @@ pub fn default_model_path() -> Result<PathBuf, FetchError> {
 
 /// Path of `spec` in the cache directory, fetching it first if it is not there.
 pub fn ensure_cached(spec: &ModelSpec) -> Result<PathBuf, FetchError> {
+    ensure_made(spec.file_name, |dir, dest| fetch_into(spec, dir, dest))
+}
+
+/// Path of `file_name` in the cache directory, made first by `make(cache dir, path)` if it is
+/// not there. Several processes may get here at once (cargo runs test binaries in parallel):
+/// one makes the file, the others wait on a lock file and then find it in place. `make` must
+/// create the file at its path in one step (a rename), so a file in place is a whole one.
+pub fn ensure_made<E: From<FetchError>>(
+    file_name: &str,
+    make: impl FnOnce(&Path, &Path) -> Result<(), E>,
+) -> Result<PathBuf, E> {
     let dir = cache_dir()?;
-    let dest = dir.join(spec.file_name);
+    let dest = dir.join(file_name);
     if dest.is_file() {
         return Ok(dest);
     }
-    // Several test binaries may get here at once: one fetches, the others wait on the lock
-    // and then find the file in place.
-    let lock_path = dir.join(format!("{}.lock", spec.file_name));
+    let lock_path = dir.join(format!("{file_name}.lock"));
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -204,19 +213,19 @@ pub fn ensure_cached(spec: &ModelSpec) -> Result<PathBuf, FetchError> {
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            // Another process holds it: it is fetching the same file.
-            eprintln!("llm-rs: waiting for the model lock {}", lock_path.display());
+            // Another process holds it: it is making the same file.
+            eprintln!("llm-rs: waiting for the lock {}", lock_path.display());
             lock.lock()
                 .map_err(io_err(format!("locking {}", lock_path.display())))?;
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(io_err(format!("locking {}", lock_path.display()))(e));
+            return Err(io_err(format!("locking {}", lock_path.display()))(e).into());
         }
     }
     if dest.is_file() {
         return Ok(dest);
     }
-    let result = fetch_into(spec, &dir, &dest);
+    let result = make(&dir, &dest);
     let _ = lock.unlock();
     result.map(|()| dest)
 }

@@ -91,6 +91,18 @@ pub trait MatrixLoader {
         info: &TensorInfo,
         bytes: &[u8],
     ) -> Result<Box<dyn Matrix>, LoadError>;
+
+    /// A matrix the model only reads a row at a time ([`Matrix::get_row`]: the token
+    /// embeddings, when the output projection is a matrix of its own). A loader may keep it in
+    /// the form that suits lookups rather than products; by default it is loaded as any other.
+    fn load_rows(
+        &self,
+        gguf: &Gguf,
+        info: &TensorInfo,
+        bytes: &[u8],
+    ) -> Result<Box<dyn Matrix>, LoadError> {
+        self.load(gguf, info, bytes)
+    }
 }
 
 /// A matrix of f32 values, row-major.

@@ -5,7 +5,7 @@ use crate::arch::{Architectures, Blocks, Ctx};
 pub use crate::batch::Batch;
 use crate::compute::{Compute, Scratch};
 use ch03::attention::reserve_batch_with;
-use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
+use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector, matrix_bytes};
 use ch03::{Attention, Config, GgufFile, KvError, KvStore, Observer};
 use shared::memory::{TooLarge, checked_bytes};
 use std::fmt;
@@ -260,7 +260,13 @@ impl Model {
     ) -> Result<Model, LoadError> {
         let (d, vocab) = (config.d_model, config.vocab_size);
         let weights = Weights {
-            token_embd: load_matrix(file, loader, "token_embd.weight", d, vocab)?,
+            // Only looked up by row, unless it is the output projection too.
+            token_embd: if config.tied_embeddings {
+                load_matrix(file, loader, "token_embd.weight", d, vocab)?
+            } else {
+                let (info, bytes) = matrix_bytes(file, "token_embd.weight", d, vocab)?;
+                loader.load_rows(&file.gguf, info, bytes)?
+            },
             output_norm: load_vector(file, "output_norm.weight", d)?,
             output: if config.tied_embeddings {
                 None

@@ -320,9 +320,25 @@ impl FastLoader {
         info: &TensorInfo,
         data: S,
     ) -> Result<FastMatrix<S>, LoadError> {
+        self.matrix_packed_if(info, data, self.pack)
+    }
+
+    /// As [`FastLoader::matrix`], packing only if `pack` (and the loader) says so.
+    pub fn matrix_packed_if<S: AsRef<[u8]> + Send + Sync + 'static>(
+        &self,
+        info: &TensorInfo,
+        data: S,
+        pack: bool,
+    ) -> Result<FastMatrix<S>, LoadError> {
         let (cols, rows) = matrix_dims(info)?;
         let q = QMatrix::new(&info.name, info.ggml_type, rows, cols, data)?;
-        FastMatrix::new(&info.name, q, &self.kernels, self.pool.clone(), self.pack)
+        FastMatrix::new(
+            &info.name,
+            q,
+            &self.kernels,
+            self.pool.clone(),
+            pack && self.pack,
+        )
     }
 }
 
@@ -334,6 +350,21 @@ impl MatrixLoader for FastLoader {
         bytes: &[u8],
     ) -> Result<Box<dyn Matrix>, LoadError> {
         Ok(Box::new(self.matrix(info, bytes.to_vec())?))
+    }
+
+    /// Rows are looked up one at a time: kept in the file's layout, never packed (a packed
+    /// copy would only be unpacked again, row by row).
+    fn load_rows(
+        &self,
+        _gguf: &Gguf,
+        info: &TensorInfo,
+        bytes: &[u8],
+    ) -> Result<Box<dyn Matrix>, LoadError> {
+        Ok(Box::new(self.matrix_packed_if(
+            info,
+            bytes.to_vec(),
+            false,
+        )?))
     }
 }
 // ANCHOR_END: loader

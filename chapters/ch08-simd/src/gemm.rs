@@ -40,6 +40,7 @@ use crate::ch03::LoadError;
 use crate::kernels::TypeKernels;
 use crate::qmatrix::QMatrix;
 use crate::quants::search::get_scale_min_k4;
+use rayon::prelude::*;
 
 /// Rows interleaved in a packed group: one AVX-512 register of 32-bit lanes.
 pub const GROUP: usize = 16;
@@ -323,6 +324,19 @@ impl PackedMatrix {
         ))
     }
 
+    /// Bytes a matrix of `rows × cols` weights of type `ty` takes once packed, without
+    /// packing it: `None` for a type or width the micro-kernel does not take. (The file's
+    /// bytes plus the layout's padding: a group of 16 rows, units of whole blocks, 64-byte
+    /// lines.)
+    pub fn packed_bytes(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+        let ty = PackedType::of(ty)?;
+        if !cols.is_multiple_of(ty.qk()) {
+            return None;
+        }
+        let group_bytes = (cols / ty.qk()).div_ceil(ty.unit_blocks()) * Layout::of(ty).bytes;
+        Some((rows.div_ceil(GROUP) * group_bytes).next_multiple_of(64))
+    }
+
     fn pack_as(
         ty: PackedType,
         rows: usize,
@@ -337,19 +351,24 @@ impl PackedMatrix {
         let mut data = zeroed_lines(groups * group_bytes / 64, huge_pages);
         let out = lines_mut(&mut data);
         let bb = ty.block_bytes();
-        for r in 0..rows {
-            let (g, lane) = (r / GROUP, r % GROUP);
-            let grp = &mut out[g * group_bytes..(g + 1) * group_bytes];
-            for b in 0..nb {
-                let blk = &bytes[(r * nb + b) * bb..(r * nb + b + 1) * bb];
-                let unit = &mut grp[b / ty.unit_blocks() * layout.bytes..][..layout.bytes];
-                match ty {
-                    PackedType::Q4_K => pack_q4_k(blk, unit, &layout, lane),
-                    PackedType::Q6_K => pack_q6_k(blk, unit, &layout, lane),
-                    _ => pack_legacy(ty, blk, unit, &layout, lane, b % 2),
+        // Groups are independent: they are packed in parallel (an 8B model's 4.7 GB pack
+        // in half the time on two cores). Each group's 16 rows are read once, in order.
+        out.par_chunks_mut(group_bytes)
+            .enumerate()
+            .for_each(|(g, grp)| {
+                for r in g * GROUP..((g + 1) * GROUP).min(rows) {
+                    let lane = r % GROUP;
+                    for b in 0..nb {
+                        let blk = &bytes[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                        let unit = &mut grp[b / ty.unit_blocks() * layout.bytes..][..layout.bytes];
+                        match ty {
+                            PackedType::Q4_K => pack_q4_k(blk, unit, &layout, lane),
+                            PackedType::Q6_K => pack_q6_k(blk, unit, &layout, lane),
+                            _ => pack_legacy(ty, blk, unit, &layout, lane, b % 2),
+                        }
+                    }
                 }
-            }
-        }
+            });
         PackedMatrix {
             ty,
             rows,
@@ -1245,6 +1264,14 @@ mod tests {
                 let bytes = vec![0u8; rows * nb * ty.block_bytes()];
                 let m = PackedMatrix::pack_as(ty, rows, cols, &bytes, false);
                 m.check_layout();
+                let gt = GgmlType::ALL
+                    .into_iter()
+                    .find(|&g| PackedType::of(g) == Some(ty));
+                assert_eq!(
+                    PackedMatrix::packed_bytes(gt.unwrap(), rows, cols),
+                    Some(m.bytes()),
+                    "{ty:?}, {rows} rows: the size predicted without packing"
+                );
                 for g in 0..m.groups {
                     let _ = m.group_ptr(g);
                 }

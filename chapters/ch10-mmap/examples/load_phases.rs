@@ -43,7 +43,7 @@ fn load(path: &Path, read: bool, repack: bool) -> Result<[f64; 4], Box<dyn std::
 }
 
 /// Tokenizer, chat template and matrices of an opened file.
-fn rest<O: AsRef<[u8]> + Send + Sync + 'static>(
+fn rest<O: AsRef<[u8]> + ch10::ReleasePages + Send + Sync + 'static>(
     file: &GgufFile<SharedBytes<O>>,
     bytes: SharedBytes<O>,
     fast: FastLoader,

@@ -4,7 +4,9 @@
 //! cache. The command line around it is chapter 4's.
 
 use crate::loader::ViewLoader;
-use crate::mapped::{MapOptions, MappedFile, PageAdvice, SharedBytes, map_gguf, read_gguf};
+use crate::mapped::{
+    MapOptions, MappedFile, PageAdvice, ReleasePages, SharedBytes, map_gguf, read_gguf,
+};
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
     Architectures, ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf,
@@ -200,7 +202,7 @@ impl Engine {
 }
 
 /// The model over views of `bytes` (the image of `file`), and the header for the tokenizer.
-fn build<O: AsRef<[u8]> + Send + Sync + 'static>(
+fn build<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static>(
     path: &Path,
     file: GgufFile<SharedBytes<O>>,
     bytes: SharedBytes<O>,

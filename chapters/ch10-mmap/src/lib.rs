@@ -41,7 +41,7 @@ pub use engine::{Engine, EngineArgs, LoadMode, MemoryStats, Scheduled, memory_st
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{
     AlignedBuf, FileChanged, MapOptions, MappedBytes, MappedFile, OpenError, PageAdvice, ReadBytes,
-    SharedBytes, map_gguf, read_gguf,
+    ReleasePages, SharedBytes, map_gguf, read_gguf,
 };
 
 /// Everything earlier chapters offer, so `ch10` reads as "the engine as of chapter 10".

@@ -19,10 +19,11 @@
 //! loader ever makes), and [`ViewLoader::copied`] lists it. `examples/alignment.rs` measures
 //! both ways.
 
-use crate::mapped::{AlignedBuf, MappedFile, SharedBytes};
+use crate::mapped::{AlignedBuf, MappedFile, ReleasePages, SharedBytes};
 use ch08::FastLoader;
 use ch08::ch01::{GgmlType, Gguf, TensorInfo};
 use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
+use ch08::fast_matrix::Store;
 use ch08::quants::*;
 use std::cell::RefCell;
 use std::mem::align_of;
@@ -79,7 +80,7 @@ pub struct ViewLoader<O> {
 /// The loader of a memory-mapped file.
 pub type MappedLoader = ViewLoader<MappedFile>;
 
-impl<O: AsRef<[u8]> + Send + Sync + 'static> ViewLoader<O> {
+impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
     /// A loader for the file whose whole image is `file`, making matrices as `fast` does.
     pub fn new(file: SharedBytes<O>, fast: FastLoader) -> ViewLoader<O> {
         ViewLoader {
@@ -114,12 +115,37 @@ impl<O: AsRef<[u8]> + Send + Sync + 'static> ViewLoader<O> {
     }
 }
 
-impl<O: AsRef<[u8]> + Send + Sync + 'static> MatrixLoader for ViewLoader<O> {
+impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> MatrixLoader for ViewLoader<O> {
     fn load(
         &self,
         gguf: &Gguf,
         info: &TensorInfo,
         bytes: &[u8],
+    ) -> Result<Box<dyn Matrix>, LoadError> {
+        self.make(gguf, info, bytes, true)
+    }
+
+    /// The token embeddings: a view of the file, never packed, so only the rows a prompt
+    /// looks up are ever read.
+    fn load_rows(
+        &self,
+        gguf: &Gguf,
+        info: &TensorInfo,
+        bytes: &[u8],
+    ) -> Result<Box<dyn Matrix>, LoadError> {
+        self.make(gguf, info, bytes, false)
+    }
+}
+
+impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
+    /// The matrix of `info` over a view of the file, packed if `pack` (and the fast loader)
+    /// says so.
+    fn make(
+        &self,
+        gguf: &Gguf,
+        info: &TensorInfo,
+        bytes: &[u8],
+        pack: bool,
     ) -> Result<Box<dyn Matrix>, LoadError> {
         let view = self.view(gguf, info)?;
         if !std::ptr::eq(view.as_ref(), bytes) {
@@ -129,6 +155,7 @@ impl<O: AsRef<[u8]> + Send + Sync + 'static> MatrixLoader for ViewLoader<O> {
                 info.name
             )));
         }
+        let range = view.offset()..view.offset() + view.as_ref().len();
         let data = if (view.as_ref().as_ptr() as usize).is_multiple_of(block_align(info.ggml_type))
         {
             TensorBytes::View(view)
@@ -136,7 +163,16 @@ impl<O: AsRef<[u8]> + Send + Sync + 'static> MatrixLoader for ViewLoader<O> {
             self.copied.borrow_mut().push(info.name.clone());
             TensorBytes::Copy(AlignedBuf::copy_of(view.as_ref()))
         };
-        Ok(Box::new(self.fast.matrix(info, data)?))
+        let matrix = self.fast.matrix_packed_if(info, data, pack)?;
+        // ANCHOR: release
+        // A repacked matrix keeps a copy of its own: the file's pages of it are read no more
+        // (unless the tensor is also read as rows, as tied embeddings are, which fault them
+        // in again), so they leave the resident set — the weights are in memory once.
+        if matches!(matrix.store, Store::Packed(_)) {
+            self.file.owner().release(range);
+        }
+        // ANCHOR_END: release
+        Ok(Box::new(matrix))
     }
 }
 // ANCHOR_END: view_loader

@@ -259,6 +259,53 @@ impl AsRef<[u8]> for MappedFile {
     }
 }
 
+// ANCHOR: release_pages
+/// A buffer whose pages a [`ViewLoader`](crate::ViewLoader) may give back once no matrix
+/// reads them: the bytes of a tensor that was repacked into a copy of its own.
+pub trait ReleasePages {
+    /// Bytes `range` of the buffer will not be read again soon. The default keeps them: a
+    /// buffer read into memory is one allocation, and its bytes stay until all of it goes.
+    fn release(&self, range: std::ops::Range<usize>) {
+        let _ = range;
+    }
+}
+
+impl ReleasePages for MappedFile {
+    /// The whole pages inside `range` leave this process's resident set (`madvise` with
+    /// `MADV_DONTNEED`). They stay in the page cache, and a later read of them faults them in
+    /// again from there (or from the file): for a map that is never written, dropping pages
+    /// changes no byte anyone reads. Advice the kernel refuses (pages locked by `--mlock`)
+    /// leaves them resident, which is what the user asked for.
+    #[cfg(target_os = "linux")]
+    fn release(&self, range: std::ops::Range<usize>) {
+        let page = page_size();
+        let start = range.start.next_multiple_of(page);
+        let end = range.end.min(self.map.len()) / page * page;
+        if start < end {
+            // SAFETY: DontNeed on a read-only shared file map drops this process's mapping of
+            // the pages, not their contents: a later access reads the file's bytes again.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end - start,
+                )
+            };
+        }
+    }
+}
+
+impl ReleasePages for AlignedBuf {}
+// ANCHOR_END: release_pages
+
+/// The size of a memory page.
+#[cfg(target_os = "linux")]
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
 /// How a mapped file differs from what it was when it was mapped.
 #[derive(Debug)]
 pub enum FileChanged {

@@ -1,0 +1,305 @@
+//! The memory budget: what a run will hold resident, computed from the file's header before
+//! anything is allocated, and a clear refusal when it cannot fit.
+//!
+//! At 135M parameters nobody asks whether a model fits. At 8B the question decides whether
+//! the engine runs at all: 4.7 GB of weights, a KV cache of 0.5–2 GB, on machines sold with
+//! 6–8 GB. Every term is known from the header and the settings:
+//!
+//! | term | what | resident when |
+//! |---|---|---|
+//! | repacked weights | chapter 8's interleaved copies of the matrices it packs | always (a private copy) |
+//! | mapped weights read every token | matrices the micro-kernel does not take, used from the map | as page cache, counted in the process's RSS |
+//! | mapped rows | the token embeddings, read one row per token | only the rows touched |
+//! | read copy | the whole file, with `--no-mmap` | always |
+//! | small tensors | norms and biases, decoded to f32 | always |
+//! | KV cache | layers × positions × K/V width × 2 × 4 bytes | as positions fill |
+//! | runtime | activations of a 256-token batch, logits, tokenizer | always |
+//!
+//! Since chapter 10 releases the mapped pages of every matrix it repacks, the weights are
+//! resident once, whichever form they take.
+
+use crate::ch01::{Config, Gguf};
+use crate::ch08::gemm::PackedMatrix;
+use crate::engine::MAX_BATCH_TOKENS;
+use std::fmt;
+
+// ANCHOR: budget
+/// What a run of a model will hold in memory, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// The tensors' bytes in the file.
+    pub file_weights: u64,
+    /// Private copies of the matrices chapter 8 repacks (their mapped pages are released).
+    pub repacked: u64,
+    /// Matrices used as the file's rows, every one read for every token: with a map, page
+    /// cache counted in the process's resident set.
+    pub mapped_read: u64,
+    /// The token embeddings, read a row at a time from the map: only touched rows resident.
+    pub mapped_rows: u64,
+    /// The whole file read into memory (`--no-mmap`), else 0.
+    pub read_copy: u64,
+    /// Norms and biases, decoded to f32.
+    pub small: u64,
+    /// The KV cache for `n_ctx` positions, f32.
+    pub kv_cache: u64,
+    /// Activations of one batch, logits, the tokenizer: an estimate (see [`runtime_bytes`]).
+    pub runtime: u64,
+    /// While loading, the file's pages of the matrix being repacked, released once it is:
+    /// the largest such matrix.
+    pub load_transient: u64,
+    /// The positions the KV cache holds.
+    pub n_ctx: usize,
+}
+// ANCHOR_END: budget
+
+/// How the weights will be held: mapped or read, repacked or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    /// The file is memory-mapped (else read into memory, `--no-mmap`).
+    pub mapped: bool,
+    /// Chapter 8 repacks what its micro-kernel takes (not `--no-repack`, and the CPU has it).
+    pub repack: bool,
+}
+
+/// Activations of a batch of [`MAX_BATCH_TOKENS`] tokens (the residual stream, the norms'
+/// outputs, Q/K/V, the attention output, the FFN's gate, up and their product, each f32),
+/// the logits of one position, and 64 MiB for the tokenizer's tables and everything else a
+/// process holds. An estimate: chapter 14's tests check the whole budget against a measured
+/// resident set.
+pub fn runtime_bytes(c: &Config) -> u64 {
+    let per_token = 5 * c.d_model + 2 * c.kv_dim() + 3 * c.n_ff;
+    let activations = (MAX_BATCH_TOKENS * per_token * 4) as u64;
+    activations + (c.vocab_size * 4) as u64 + (64 << 20)
+}
+
+impl Budget {
+    /// The budget of running the model `gguf` (configuration `c`) with a KV cache of `n_ctx`
+    /// positions, its weights held as `holding` says.
+    pub fn plan(gguf: &Gguf, c: &Config, n_ctx: usize, holding: Holding) -> Budget {
+        let mut b = Budget {
+            file_weights: 0,
+            repacked: 0,
+            mapped_read: 0,
+            mapped_rows: 0,
+            read_copy: 0,
+            small: 0,
+            kv_cache: (c.n_layer * n_ctx * c.kv_dim() * 2 * 4) as u64,
+            runtime: runtime_bytes(c),
+            load_transient: 0,
+            n_ctx,
+        };
+        let has_output = gguf.tensor("output.weight").is_some();
+        for t in &gguf.tensors {
+            b.file_weights += t.n_bytes();
+            let (cols, rows) = (
+                t.dims[0] as usize,
+                (t.n_elements() / t.dims[0].max(1)) as usize,
+            );
+            if t.dims.len() < 2 || rows == 1 {
+                b.small += t.n_elements() * 4;
+                continue;
+            }
+            let is_embd = t.name == "token_embd.weight";
+            if is_embd {
+                b.mapped_rows += t.n_bytes();
+                if has_output {
+                    continue; // read by row only
+                }
+                // Tied embeddings: also the output projection, a matrix.
+            }
+            match PackedMatrix::packed_bytes(t.ggml_type, rows, cols).filter(|_| holding.repack) {
+                Some(p) => {
+                    b.repacked += p as u64;
+                    b.load_transient = b.load_transient.max(t.n_bytes());
+                }
+                None if !is_embd => b.mapped_read += t.n_bytes(),
+                None => {} // the tied output reads the embeddings' mapped rows
+            }
+        }
+        if !holding.mapped {
+            b.read_copy = gguf.data_offset + b.file_weights;
+            b.mapped_read = 0;
+            b.load_transient = 0; // the read copy holds every page already
+        }
+        b
+    }
+
+    /// Bytes resident once the context is full: everything but the embeddings' untouched rows.
+    pub fn resident(&self) -> u64 {
+        self.weights() + self.small + self.kv_cache + self.runtime
+    }
+
+    /// The weights' resident bytes, in whichever form they are held.
+    pub fn weights(&self) -> u64 {
+        self.repacked + self.mapped_read + self.read_copy
+    }
+
+    /// The most resident at any time: with a full context, or while loading (the KV cache is
+    /// not yet touched then, but one matrix's file pages are resident beside its copy).
+    pub fn peak(&self) -> u64 {
+        self.resident() - self.kv_cache + self.kv_cache.max(self.load_transient)
+    }
+
+    /// `Ok` if [`Budget::peak`] fits in `available` bytes, else what does not fit and
+    /// which flags make it smaller.
+    pub fn check(&self, available: u64) -> Result<(), DoesNotFit> {
+        if self.peak() <= available {
+            Ok(())
+        } else {
+            Err(DoesNotFit {
+                budget: self.clone(),
+                available,
+            })
+        }
+    }
+}
+
+/// A model and context that need more memory than there is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoesNotFit {
+    pub budget: Budget,
+    pub available: u64,
+}
+
+impl fmt::Display for DoesNotFit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = &self.budget;
+        write!(
+            f,
+            "the model and its context need {} of memory, and {} is available:\n{b}\n\
+             To fit: a smaller --ctx (the KV cache is {} for {} positions)",
+            gb(b.peak()),
+            gb(self.available),
+            gb(b.kv_cache),
+            b.n_ctx
+        )?;
+        if b.read_copy > 0 && b.repacked > 0 {
+            write!(
+                f,
+                ",\nno --no-mmap (mapped, the repacked matrices' pages are released)"
+            )?;
+        }
+        write!(f, ",\nor a file type with fewer bits per weight")
+    }
+}
+
+impl std::error::Error for DoesNotFit {}
+
+/// Bytes as GB with two decimals (10^9, as file sizes are quoted).
+pub fn gb(bytes: u64) -> String {
+    format!("{:.2} GB", bytes as f64 / 1e9)
+}
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rows = [
+            ("weights repacked (private copy)", self.repacked),
+            ("weights mapped, read every token", self.mapped_read),
+            ("weights read into memory (--no-mmap)", self.read_copy),
+            ("norms and biases (f32)", self.small),
+            ("KV cache (f32)", self.kv_cache),
+            ("activations, logits, tokenizer (est.)", self.runtime),
+        ];
+        for (what, bytes) in rows.iter().filter(|r| r.1 > 0) {
+            writeln!(f, "  {what:<40} {:>9}", gb(*bytes))?;
+        }
+        if self.mapped_rows > 0 {
+            writeln!(
+                f,
+                "  {:<40} {:>9}   (rows, as used)",
+                "token embeddings, mapped",
+                gb(self.mapped_rows)
+            )?;
+        }
+        writeln!(
+            f,
+            "  {:<40} {:>9}",
+            format!("resident at {} positions", self.n_ctx),
+            gb(self.resident())
+        )?;
+        if self.load_transient > self.kv_cache {
+            writeln!(
+                f,
+                "  {:<40} {:>9}   (+ a matrix's file pages)",
+                "peak, while loading",
+                gb(self.peak())
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes this process may still use: the kernel's `MemAvailable` (free memory and page cache
+/// it can reclaim), and within a control group with a limit (a container), that limit less
+/// what the group uses, whichever is smaller. `None` where neither can be read.
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let available = meminfo.as_deref().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(1024)
+    });
+    let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+    let cgroup = match (
+        read("/sys/fs/cgroup/memory.max"),
+        read("/sys/fs/cgroup/memory.current"),
+    ) {
+        (Some(max), Some(cur)) => Some(max.saturating_sub(cur)),
+        _ => None,
+    };
+    match (available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget() -> Budget {
+        Budget {
+            file_weights: 4_000_000_000,
+            repacked: 3_700_000_000,
+            mapped_read: 0,
+            mapped_rows: 300_000_000,
+            read_copy: 0,
+            small: 1_000_000,
+            kv_cache: 1_073_741_824,
+            runtime: 200_000_000,
+            load_transient: 400_000_000,
+            n_ctx: 4096,
+        }
+    }
+
+    #[test]
+    fn resident_counts_every_term_but_the_embeddings() {
+        assert_eq!(
+            budget().resident(),
+            3_700_000_000 + 1_000_000 + 1_073_741_824 + 200_000_000
+        );
+    }
+
+    #[test]
+    fn a_budget_that_does_not_fit_names_the_sizes_and_the_flag() {
+        let b = budget();
+        assert_eq!(b.peak(), b.resident()); // the KV cache outweighs the load's transient
+        assert!(b.check(b.resident()).is_ok());
+        let small_ctx = Budget {
+            kv_cache: 100_000_000,
+            n_ctx: 384,
+            ..budget()
+        };
+        assert_eq!(small_ctx.peak(), small_ctx.resident() + 300_000_000);
+        let e = b.check(4_000_000_000).unwrap_err().to_string();
+        assert!(e.contains("4.97 GB") && e.contains("4.00 GB"), "{e}");
+        assert!(
+            e.contains("--ctx") && e.contains("1.07 GB for 4096 positions"),
+            "{e}"
+        );
+        assert!(e.contains("KV cache (f32)"), "{e}");
+    }
+}

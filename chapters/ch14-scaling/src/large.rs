@@ -1,0 +1,465 @@
+//! Large models you can make: 7–9B-shaped GGUF files written from a recipe.
+//!
+//! No 7–9B model can be fetched from where this project fetches, so it writes them: the shape
+//! of a real checkpoint (layers, widths, heads, the family's metadata), a real vocabulary
+//! (every `tokenizer.*` key of one of llama.cpp's vocabulary files), and seeded random weights
+//! at the scale trained ones have. The file is quantized to one of llama.cpp's file types by
+//! chapter 6's recipe ([`Plan`]: Q4_K_M gets Q6_K for the output and half the `ffn_down`, as
+//! `llama-quantize` gives it) and chapter 6's quantizers, and streamed through chapter 6's
+//! writer one tensor at a time, so writing a 4.7 GB file needs one tensor's memory.
+//!
+//! The same recipe, seed and type give the same bytes on every machine: every value is a pure
+//! function of (tensor seed, index) — chapter 13's counter-based generator — and quantization
+//! is deterministic, whatever the number of threads. [`Recipe::layers`] cuts the model to a
+//! few layers at full width: the tests run those, the benches the full files.
+//!
+//! # What random weights can and cannot show
+//!
+//! Memory and speed depend on shapes and types only, so a generated file is a faithful subject
+//! for both: the bytes per token, the bandwidth, the KV cache, loading. Agreement with
+//! llama.cpp is checked on the same file, so it too is meaningful: both engines compute the
+//! same function. What such a model cannot show is anything about language: its text is
+//! noise, its next-token distribution is flatter than a trained model's, and quantization error
+//! measured on it says nothing about a real checkpoint's perplexity.
+
+use crate::ch01::{GgmlType, Gguf, TensorInfo, Value};
+use crate::ch06::gguf_write::{GgufWriter, WriteError};
+use crate::ch06::quants::quantize_chunk;
+use crate::ch06::recipe::{GGML_QNT_VERSION, LlamaFtype, Plan};
+use crate::ch13::synthetic::generated;
+use rayon::prelude::*;
+use std::path::Path;
+
+// ANCHOR: shape
+/// The shape of a real checkpoint, and what its family's GGUF metadata says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// What the recipe is called on the command line and in file names.
+    pub id: &'static str,
+    /// `general.architecture`.
+    pub arch: &'static str,
+    /// llama.cpp's vocabulary test file whose tokenizer the model gets
+    /// (`reference-data/tokenizer/ggml-vocab-<vocab>.gguf`); its token count is the model's.
+    pub vocab: &'static str,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    pub n_ctx_train: u32,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    /// Biases on the query, key and value projections (Qwen2).
+    pub qkv_bias: bool,
+}
+
+/// Llama 3 8B: 32 layers, d 4096, 32 query and 8 key/value heads of 128, FFN 14336, the
+/// 128,256-token llama-bpe vocabulary, RoPE base 500,000.
+pub const LLAMA3_8B: Shape = Shape {
+    id: "llama3-8b",
+    arch: "llama",
+    vocab: "llama-bpe",
+    n_layer: 32,
+    n_embd: 4096,
+    n_head: 32,
+    n_head_kv: 8,
+    n_ff: 14336,
+    n_ctx_train: 8192,
+    rope_base: 500_000.0,
+    rms_eps: 1e-5,
+    qkv_bias: false,
+};
+
+/// Qwen2 7B: 28 layers, d 3584, 28 query and 4 key/value heads of 128, FFN 18944, biases on
+/// Q/K/V, the 151,936-token qwen2 vocabulary, RoPE base 1,000,000.
+pub const QWEN2_7B: Shape = Shape {
+    id: "qwen2-7b",
+    arch: "qwen2",
+    vocab: "qwen2",
+    n_layer: 28,
+    n_embd: 3584,
+    n_head: 28,
+    n_head_kv: 4,
+    n_ff: 18944,
+    n_ctx_train: 32768,
+    rope_base: 1_000_000.0,
+    rms_eps: 1e-6,
+    qkv_bias: true,
+};
+// ANCHOR_END: shape
+
+/// Every shape this chapter can make.
+pub const SHAPES: [Shape; 2] = [LLAMA3_8B, QWEN2_7B];
+
+/// The file types a recipe may be written in.
+pub const FTYPES: [LlamaFtype; 4] = [
+    LlamaFtype::Q4_0,
+    LlamaFtype::Q4_K_M,
+    LlamaFtype::Q8_0,
+    LlamaFtype::F16,
+];
+
+/// Bump when the generator or the weights' scales change: it is part of every file name, so
+/// a file made by an older recipe is never mistaken for this one's.
+pub const RECIPE_VERSION: u32 = 1;
+
+/// A shape, cut to `layers` layers or whole, in a file type, from a seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recipe {
+    pub shape: Shape,
+    pub ftype: LlamaFtype,
+    /// Fewer layers than the shape's (full width): the tests' models.
+    pub layers: Option<usize>,
+    pub seed: u64,
+}
+
+/// Why a recipe could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum MakeError {
+    #[error("unknown model shape {0:?} (known: {known})", known = SHAPES.map(|s| s.id).join(", "))]
+    Shape(String),
+    #[error("file type {0} is not one this chapter writes (it writes {known})",
+        known = FTYPES.map(|f| f.name()).join(", "))]
+    Ftype(String),
+    #[error("--layers {0}: a {1} model has 1 to {2} layers")]
+    Layers(usize, &'static str, usize),
+    #[error("the vocabulary file {0}: {1}")]
+    Vocab(String, String),
+    #[error(transparent)]
+    Recipe(#[from] crate::ch06::recipe::RecipeError),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Cache(#[from] shared::model::FetchError),
+}
+
+impl Recipe {
+    /// The recipe named `id` (a [`Shape::id`]) in file type `ftype` (llama.cpp's name).
+    pub fn named(id: &str, ftype: &str) -> Result<Recipe, MakeError> {
+        let shape = *SHAPES
+            .iter()
+            .find(|s| s.id == id)
+            .ok_or_else(|| MakeError::Shape(id.into()))?;
+        let ftype = LlamaFtype::from_name(ftype)?;
+        if !FTYPES.contains(&ftype) {
+            return Err(MakeError::Ftype(ftype.name().into()));
+        }
+        Ok(Recipe {
+            shape,
+            ftype,
+            layers: None,
+            seed: 0,
+        })
+    }
+
+    /// The same recipe cut to `n` layers.
+    pub fn with_layers(mut self, n: usize) -> Result<Recipe, MakeError> {
+        if n == 0 || n > self.shape.n_layer {
+            return Err(MakeError::Layers(n, self.shape.id, self.shape.n_layer));
+        }
+        self.layers = (n < self.shape.n_layer).then_some(n);
+        Ok(self)
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.layers.unwrap_or(self.shape.n_layer)
+    }
+
+    /// The file's name in the model cache: shape, layers, type, seed and recipe version.
+    pub fn file_name(&self) -> String {
+        let layers = self.layers.map(|n| format!("-{n}L")).unwrap_or_default();
+        let seed = if self.seed == 0 {
+            String::new()
+        } else {
+            format!("-s{}", self.seed)
+        };
+        format!(
+            "{}{layers}{seed}.v{RECIPE_VERSION}.{}.gguf",
+            self.shape.id,
+            self.ftype.name()
+        )
+    }
+}
+
+// ANCHOR: scales
+/// How large a tensor's values are: what a trained checkpoint's per-row norms look like, to
+/// the extent that activations behave (stay finite and of order one through every layer).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    /// A matrix: row r has standard deviation `gain_r / sqrt(cols)`, `gain_r` drawn
+    /// uniformly from [0.5, 1.5] — so `x Wᵀ` keeps `x`'s size, and rows differ in norm as a
+    /// trained matrix's do (which is what a quantizer's per-block scales see).
+    Matrix { gain: f32 },
+    /// A norm's weights: `1 ± spread`.
+    Norm { spread: f32 },
+    /// A bias: uniform in `±half_width`.
+    Bias { half_width: f32 },
+}
+
+/// The scale of tensor `name`: matrices at gain 1, except the output projection at gain 4
+/// (logits with a standard deviation of about 4, a peaked distribution as a trained model's
+/// is, rather than a near-uniform one full of near-ties).
+pub fn scale_of(name: &str) -> Scale {
+    if name.ends_with("_norm.weight") {
+        Scale::Norm { spread: 0.1 }
+    } else if name.ends_with(".bias") {
+        Scale::Bias { half_width: 0.5 }
+    } else if name == "output.weight" {
+        Scale::Matrix { gain: 4.0 }
+    } else {
+        Scale::Matrix { gain: 1.0 }
+    }
+}
+// ANCHOR_END: scales
+
+/// The uniform half-width that gives standard deviation `std`: `std · √3`.
+fn half_width(std: f32) -> f32 {
+    std * 3f32.sqrt()
+}
+
+/// Rows `rows` of a tensor with `cols` values per row, seeded `seed`: `(rows.len(), cols)`
+/// values written into `out`.
+fn fill_rows(seed: u64, scale: Scale, cols: usize, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    for (r, row) in rows.zip(out.chunks_exact_mut(cols)) {
+        let base = (r * cols) as u64;
+        let (a, offset) = match scale {
+            Scale::Matrix { gain } => {
+                // The row's gain from a second stream of the same generator.
+                let g = generated(seed ^ 0x005E_ED0F_B0A5, r as u64, 0.5, 1.0);
+                (half_width(gain * g / (cols as f32).sqrt()), 0.0)
+            }
+            Scale::Norm { spread } => (spread, 1.0),
+            Scale::Bias { half_width } => (half_width, 0.0),
+        };
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = generated(seed, base + i as u64, a, offset);
+        }
+    }
+}
+
+/// The tensors of the model, `(name, ne)`, in the order the file lists them.
+pub fn tensors(shape: &Shape, n_layer: usize, n_vocab: usize) -> Vec<(String, Vec<u64>)> {
+    let (d, ff) = (shape.n_embd as u64, shape.n_ff as u64);
+    let head = (shape.n_embd / shape.n_head) as u64;
+    let kv = head * shape.n_head_kv as u64;
+    let mut t = vec![("token_embd.weight".to_string(), vec![d, n_vocab as u64])];
+    for l in 0..n_layer {
+        let mut add = |name: &str, ne: Vec<u64>| t.push((format!("blk.{l}.{name}"), ne));
+        add("attn_norm.weight", vec![d]);
+        add("attn_q.weight", vec![d, d]);
+        add("attn_k.weight", vec![d, kv]);
+        add("attn_v.weight", vec![d, kv]);
+        if shape.qkv_bias {
+            add("attn_q.bias", vec![d]);
+            add("attn_k.bias", vec![kv]);
+            add("attn_v.bias", vec![kv]);
+        }
+        add("attn_output.weight", vec![d, d]);
+        add("ffn_norm.weight", vec![d]);
+        add("ffn_gate.weight", vec![d, ff]);
+        add("ffn_up.weight", vec![d, ff]);
+        add("ffn_down.weight", vec![ff, d]);
+    }
+    t.push(("output_norm.weight".to_string(), vec![d]));
+    t.push(("output.weight".to_string(), vec![d, n_vocab as u64]));
+    t
+}
+
+/// The seed of tensor number `i`: distinct per tensor and per recipe seed.
+fn tensor_seed(recipe_seed: u64, i: usize) -> u64 {
+    recipe_seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((i as u64 + 1) << 40)
+}
+
+/// The metadata of the model: the family's keys, then every `tokenizer.*` key of `vocab`.
+fn metadata(recipe: &Recipe, vocab: &Gguf) -> Result<GgufWriter, MakeError> {
+    let s = &recipe.shape;
+    let mut w = GgufWriter::new();
+    let a = s.arch;
+    let u = |x: usize| Value::U32(x as u32);
+    let head = s.n_embd / s.n_head;
+    let kvs: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        (
+            "general.name".into(),
+            Value::String(format!("{} (generated, seed {})", s.id, recipe.seed)),
+        ),
+        (format!("{a}.block_count"), u(recipe.n_layer())),
+        (format!("{a}.context_length"), Value::U32(s.n_ctx_train)),
+        (format!("{a}.embedding_length"), u(s.n_embd)),
+        (format!("{a}.feed_forward_length"), u(s.n_ff)),
+        (format!("{a}.attention.head_count"), u(s.n_head)),
+        (format!("{a}.attention.head_count_kv"), u(s.n_head_kv)),
+        (format!("{a}.attention.key_length"), u(head)),
+        (format!("{a}.attention.value_length"), u(head)),
+        (format!("{a}.rope.dimension_count"), u(head)),
+        (format!("{a}.rope.freq_base"), Value::F32(s.rope_base)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(s.rms_eps),
+        ),
+        (
+            "general.quantization_version".into(),
+            Value::U32(GGML_QNT_VERSION),
+        ),
+        ("general.file_type".into(), Value::U32(recipe.ftype.id())),
+    ];
+    for (k, v) in kvs {
+        w.set(&k, v)?;
+    }
+    for (key, value) in &vocab.metadata {
+        if key.starts_with("tokenizer.") {
+            w.set(key, value.clone())?;
+        }
+    }
+    Ok(w)
+}
+
+/// The number of tokens of a vocabulary file.
+fn vocab_size(vocab: &Gguf, name: &str) -> Result<usize, MakeError> {
+    vocab
+        .get_array("tokenizer.ggml.tokens")
+        .map(|t| t.len())
+        .map_err(|e| MakeError::Vocab(name.into(), e.to_string()))
+}
+
+/// The file the recipe makes, before a byte of data exists: its writer (metadata and tensor
+/// infos, each tensor in the type chapter 6's recipe gives it) and each tensor's seed.
+pub fn layout(recipe: &Recipe, vocab: &Gguf) -> Result<(GgufWriter, Vec<u64>), MakeError> {
+    let n_vocab = vocab_size(vocab, recipe.shape.vocab)?;
+    let list = tensors(&recipe.shape, recipe.n_layer(), n_vocab);
+    // The types: llama.cpp's recipe for the file type, planned on the model as F32.
+    let mut f32_file = metadata(recipe, vocab)?;
+    for (name, ne) in &list {
+        f32_file.add_tensor(name, ne, GgmlType::F32)?;
+    }
+    let as_f32 = Gguf::new(
+        3,
+        f32_file.metadata().to_vec(),
+        f32_file.tensors().to_vec(),
+        f32_file.alignment(),
+        0,
+    );
+    let plan = Plan::new(&as_f32, recipe.ftype)?;
+    let mut w = metadata(recipe, vocab)?;
+    for (name, ne) in &list {
+        w.add_tensor(name, ne, plan.get(name).expect("planned from this list"))?;
+    }
+    let seeds = (0..list.len())
+        .map(|i| tensor_seed(recipe.seed, i))
+        .collect();
+    Ok((w, seeds))
+}
+
+/// Rows generated and quantized per task: enough to keep a task's overhead small, few enough
+/// that the f32 rows of every thread fit in a few megabytes.
+const ROWS_PER_TASK: usize = 16;
+
+// ANCHOR: tensor_bytes
+/// The bytes of tensor `t` (its type is the plan's), generated from `seed`: rows in parallel,
+/// each generated in f32 and quantized at once — never the whole tensor in f32.
+pub fn tensor_bytes(t: &TensorInfo, seed: u64) -> Result<Vec<u8>, String> {
+    let cols = t.dims[0] as usize;
+    let rows = (t.n_elements() / t.dims[0]) as usize;
+    let row_bytes = (t.n_bytes() / rows as u64) as usize;
+    let scale = scale_of(&t.name);
+    let mut out = vec![0u8; t.n_bytes() as usize]; // (rows, row_bytes)
+    out.par_chunks_mut(ROWS_PER_TASK * row_bytes)
+        .enumerate()
+        .try_for_each_init(Vec::new, |f, (i, dst)| {
+            let r0 = i * ROWS_PER_TASK;
+            let n = dst.len() / row_bytes;
+            f.resize(n * cols, 0.0); // (n, cols)
+            fill_rows(seed, scale, cols, r0..r0 + n, f);
+            quantize_chunk(t.ggml_type, f, dst, n, cols)
+                .map(|_| ())
+                .map_err(|e| format!("{}: {e}", t.name))
+        })?;
+    Ok(out)
+}
+// ANCHOR_END: tensor_bytes
+
+/// Write the recipe's file at `path` (through a temporary file renamed when complete), with
+/// the tokenizer of `vocab`; `progress(done, total)` is called with bytes after each tensor.
+/// Returns the file's size.
+pub fn make(
+    recipe: &Recipe,
+    vocab: &Gguf,
+    path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64, MakeError> {
+    let (w, seeds) = layout(recipe, vocab)?;
+    let total = w.file_size();
+    let mut done = w.header().len() as u64;
+    let mut seeds = seeds.into_iter();
+    let size = w.write_file(path, |t| {
+        let bytes = tensor_bytes(t, seeds.next().expect("a seed per tensor"));
+        done += t.n_bytes();
+        progress(done, total);
+        bytes
+    })?;
+    Ok(size)
+}
+
+/// The vocabulary file of `shape`: llama.cpp's vocabulary test model, in this repository's
+/// `reference-data/tokenizer/`.
+pub fn vocab_file(shape: &Shape) -> Result<Gguf, MakeError> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../reference-data/tokenizer")
+        .join(format!("ggml-vocab-{}.gguf", shape.vocab));
+    let bytes = std::fs::read(&path)
+        .map_err(|e| MakeError::Vocab(path.display().to_string(), e.to_string()))?;
+    Gguf::parse(&bytes).map_err(|e| MakeError::Vocab(path.display().to_string(), e.to_string()))
+}
+
+/// The recipe's file in the model cache, made there first if it is not (one process makes
+/// it; others running at the same time wait for it).
+pub fn ensure_made(
+    recipe: &Recipe,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<std::path::PathBuf, MakeError> {
+    shared::model::ensure_made(&recipe.file_name(), |_, dest| {
+        let vocab = vocab_file(&recipe.shape)?;
+        make(recipe, &vocab, dest, progress).map(|_| ())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_say_shape_layers_type_and_version() {
+        let r = Recipe::named("llama3-8b", "q4_k_m").unwrap();
+        assert_eq!(r.file_name(), "llama3-8b.v1.Q4_K_M.gguf");
+        let r = r.with_layers(2).unwrap();
+        assert_eq!(r.file_name(), "llama3-8b-2L.v1.Q4_K_M.gguf");
+        assert_eq!(r.with_layers(32).unwrap().layers, None);
+    }
+
+    #[test]
+    fn bad_names_are_errors_naming_them() {
+        let e = Recipe::named("llama9", "Q4_0").unwrap_err().to_string();
+        assert!(e.contains("llama9") && e.contains("llama3-8b"), "{e}");
+        let e = Recipe::named("qwen2-7b", "Q2_K").unwrap_err().to_string();
+        assert!(e.contains("Q2_K") && e.contains("Q4_K_M"), "{e}");
+        let r = Recipe::named("qwen2-7b", "Q8_0").unwrap();
+        let e = r.with_layers(29).unwrap_err().to_string();
+        assert!(e.contains("29") && e.contains("28"), "{e}");
+        assert!(r.with_layers(0).is_err());
+    }
+
+    #[test]
+    fn matrix_rows_have_the_planned_spread() {
+        let cols = 4096;
+        let mut f = vec![0.0; 64 * cols];
+        fill_rows(7, Scale::Matrix { gain: 1.0 }, cols, 0..64, &mut f);
+        for row in f.chunks_exact(cols) {
+            let std = (row.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt();
+            let unit = 1.0 / (cols as f32).sqrt();
+            // Gains are in [0.5, 1.5]; 4096 samples put the estimate within a few percent.
+            assert!(std > 0.45 * unit && std < 1.55 * unit, "row std {std}");
+        }
+    }
+}

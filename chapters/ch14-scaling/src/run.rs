@@ -1,0 +1,64 @@
+//! The engine of chapter 10, with a memory budget first: what the run will hold is computed
+//! from the header and printed, and a run that cannot fit is refused before anything is
+//! allocated.
+
+use crate::budget::{Budget, Holding, available_memory, gb};
+use crate::ch01::Config;
+use crate::engine::{self, EngineArgs};
+use crate::mapped::{MapOptions, map_gguf};
+use std::error::Error;
+
+/// Chapter 10's settings, and whether to stop after printing the budget.
+#[derive(Debug, Clone)]
+pub struct RunArgs {
+    pub engine: EngineArgs,
+    /// Print the memory budget and exit (`--mem-budget`).
+    pub mem_budget: bool,
+}
+
+/// The budget of the run `args` asks for, from the file's header alone (a map of which only
+/// the header's pages are read).
+pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
+    let path = args.generation.model_path()?;
+    let (file, _) = map_gguf(&path, &MapOptions::default())?;
+    let config = Config::from_gguf(&file.gguf, &args.archs.names())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let n_ctx = args
+        .generation
+        .ctx
+        .unwrap_or_else(|| config.default_context());
+    let holding = Holding {
+        mapped: !args.no_mmap,
+        repack: !args.no_repack && crate::ch08::fast_matrix::packs(&args.fast_loader().kernels),
+    };
+    Ok(Budget::plan(&file.gguf, &config, n_ctx, holding))
+}
+
+// ANCHOR: run
+/// Run chapter 10's engine once the budget says the run fits; with `mem_budget`, print the
+/// budget and stop.
+pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
+    let budget = budget_of(&args.engine)?;
+    let available = available_memory();
+    if args.mem_budget {
+        print!("{budget}");
+        if let Some(a) = available {
+            println!("  {:<40} {:>9}", "available now", gb(a));
+        }
+        return Ok(());
+    }
+    if let Some(a) = available {
+        budget.check(a)?;
+    }
+    if !args.engine.generation.json {
+        eprintln!(
+            "memory: {} resident at {} positions ({} weights, {} KV cache)",
+            gb(budget.resident()),
+            budget.n_ctx,
+            gb(budget.weights()),
+            gb(budget.kv_cache)
+        );
+    }
+    engine::run(&args.engine)
+}
+// ANCHOR_END: run

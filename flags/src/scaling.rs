@@ -1,0 +1,46 @@
+//! Chapter 14's engine: chapter 10's flags and `--mem-budget`, turned into chapter 14's
+//! [`RunArgs`].
+
+use crate::engine::Engine;
+use ch14::Architectures;
+use ch14::run::{self, RunArgs};
+use clap::{CommandFactory, Parser};
+use std::ffi::OsString;
+
+/// Run a GGUF model: complete a prompt, or chat.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "engine",
+    about = "Run a GGUF model: complete a prompt, or chat (--chat)."
+)]
+pub struct Scaling {
+    /// Chapter 10's flags: model, prompt, sampling, context size, loading.
+    #[command(flatten)]
+    pub engine: Engine,
+    /// Print what the run will hold in memory (weights, KV cache, the rest) and exit.
+    #[arg(long)]
+    pub mem_budget: bool,
+}
+
+/// [`crate::engine::main_from`] with chapter 14's memory budget in front.
+pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
+    let flags = Scaling::parse_from(argv);
+    let args = RunArgs {
+        engine: flags.engine.args(archs),
+        mem_budget: flags.mem_budget,
+    };
+    if !args.mem_budget
+        && let Err(e) = ch14::ch10::cli::check(&args.engine.generation)
+    {
+        Scaling::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                e.to_string(),
+            )
+            .exit();
+    }
+    if let Err(e) = run::run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
