@@ -21,9 +21,10 @@ pub struct Engine {
     /// Read the file into memory instead of mapping it (llama.cpp's --no-mmap).
     #[arg(long)]
     pub no_mmap: bool,
-    /// madvise hint for the mapped file.
-    #[arg(long, value_enum, default_value_t = Advice::Normal)]
-    pub advice: Advice,
+    /// madvise hint for the mapped file (default: will-need when the weights are repacked,
+    /// which reads every page at load; normal otherwise).
+    #[arg(long, value_enum)]
+    pub advice: Option<Advice>,
     /// Read every page of the file while mapping it (MAP_POPULATE), before the first token.
     #[arg(long)]
     pub populate: bool,
@@ -71,7 +72,7 @@ impl Engine {
         EngineArgs {
             generation: self.generation.args(),
             no_mmap: self.no_mmap,
-            advice: self.advice.into(),
+            advice: self.advice.map(Into::into),
             populate: self.populate,
             mlock: self.mlock,
             no_repack: self.no_repack,

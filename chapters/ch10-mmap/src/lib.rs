@@ -37,7 +37,9 @@ pub mod engine;
 pub mod loader;
 pub mod mapped;
 
-pub use engine::{Engine, EngineArgs, LoadMode, MemoryStats, Scheduled, memory_stats};
+pub use engine::{
+    Engine, EngineArgs, LoadMode, LoadProgress, MemoryStats, Scheduled, memory_stats,
+};
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{
     AlignedBuf, FileChanged, MapOptions, MappedBytes, MappedFile, OpenError, PageAdvice, ReadBytes,

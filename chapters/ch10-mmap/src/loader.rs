@@ -75,6 +75,9 @@ pub struct ViewLoader<O> {
     file: SharedBytes<O>, // the whole file image
     pub fast: FastLoader,
     copied: RefCell<Vec<String>>,
+    /// Called after each matrix with (bytes of the file loaded so far, the file's size).
+    progress: Option<Box<dyn Fn(u64, u64)>>,
+    loaded: std::cell::Cell<u64>,
 }
 
 /// The loader of a memory-mapped file.
@@ -87,7 +90,15 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
             file,
             fast,
             copied: RefCell::new(Vec::new()),
+            progress: None,
+            loaded: std::cell::Cell::new(0),
         }
+    }
+
+    /// The same loader, calling `progress(bytes loaded, file size)` after each matrix.
+    pub fn with_progress(mut self, progress: Box<dyn Fn(u64, u64)>) -> ViewLoader<O> {
+        self.progress = Some(progress);
+        self
     }
 
     /// The bytes of tensor `info`, as a view: they start at `data_offset + info.offset`.
@@ -172,6 +183,10 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
             self.file.owner().release(range);
         }
         // ANCHOR_END: release
+        if let Some(progress) = &self.progress {
+            self.loaded.set(self.loaded.get() + info.n_bytes());
+            progress(self.loaded.get(), self.file.as_ref().len() as u64);
+        }
         Ok(Box::new(matrix))
     }
 }
