@@ -67,9 +67,18 @@ pub struct Holding {
 /// process holds. An estimate: chapter 14's tests check the whole budget against a measured
 /// resident set.
 pub fn runtime_bytes(c: &Config) -> u64 {
-    let per_token = 5 * c.d_model + 2 * c.kv_dim() + 3 * c.n_ff;
-    let activations = (MAX_BATCH_TOKENS * per_token * 4) as u64;
-    activations + (c.vocab_size * 4) as u64 + (64 << 20)
+    let [d, kv, ff, vocab] = [c.d_model, c.kv_dim(), c.n_ff, c.vocab_size].map(|x| x as u64);
+    let per_token = (5 * d).saturating_add(2 * kv).saturating_add(3 * ff);
+    let activations = per_token.saturating_mul(MAX_BATCH_TOKENS as u64 * 4);
+    activations
+        .saturating_add(vocab.saturating_mul(4))
+        .saturating_add(64 << 20)
+}
+
+/// The product of `factors`, or `u64::MAX` if it overflows: a size no machine has, which the
+/// budget then refuses (a context or a width from a flag or a file may be anything).
+fn product(factors: &[u64]) -> u64 {
+    factors.iter().fold(1u64, |acc, &f| acc.saturating_mul(f))
 }
 
 impl Budget {
@@ -83,20 +92,20 @@ impl Budget {
             mapped_rows: 0,
             read_copy: 0,
             small: 0,
-            kv_cache: (c.n_layer * n_ctx * c.kv_dim() * 2 * 4) as u64,
+            kv_cache: product(&[c.n_layer as u64, n_ctx as u64, c.kv_dim() as u64, 2, 4]),
             runtime: runtime_bytes(c),
             load_transient: 0,
             n_ctx,
         };
         let has_output = gguf.tensor("output.weight").is_some();
         for t in &gguf.tensors {
-            b.file_weights += t.n_bytes();
+            b.file_weights = b.file_weights.saturating_add(t.n_bytes());
             let (cols, rows) = (
                 t.dims[0] as usize,
                 (t.n_elements() / t.dims[0].max(1)) as usize,
             );
             if t.dims.len() < 2 || rows == 1 {
-                b.small += t.n_elements() * 4;
+                b.small = b.small.saturating_add(t.n_elements().saturating_mul(4));
                 continue;
             }
             let is_embd = t.name == "token_embd.weight";
@@ -126,18 +135,27 @@ impl Budget {
 
     /// Bytes resident once the context is full: everything but the embeddings' untouched rows.
     pub fn resident(&self) -> u64 {
-        self.weights() + self.small + self.kv_cache + self.runtime
+        self.at_most(self.kv_cache)
     }
 
     /// The weights' resident bytes, in whichever form they are held.
     pub fn weights(&self) -> u64 {
-        self.repacked + self.mapped_read + self.read_copy
+        self.repacked
+            .saturating_add(self.mapped_read)
+            .saturating_add(self.read_copy)
     }
 
     /// The most resident at any time: with a full context, or while loading (the KV cache is
     /// not yet touched then, but one matrix's file pages are resident beside its copy).
     pub fn peak(&self) -> u64 {
-        self.resident() - self.kv_cache + self.kv_cache.max(self.load_transient)
+        self.at_most(self.kv_cache.max(self.load_transient))
+    }
+
+    /// Everything but the KV cache, plus `extra`.
+    fn at_most(&self, extra: u64) -> u64 {
+        [self.small, self.runtime, extra]
+            .into_iter()
+            .fold(self.weights(), u64::saturating_add)
     }
 
     /// `Ok` if [`Budget::peak`] fits in `available` bytes, else what does not fit and

@@ -128,6 +128,21 @@ fn a_context_that_cannot_fit_is_refused_before_loading() {
     );
     // Refused from the header: no load, no timing lines.
     assert!(!stderr.contains("load time"), "{stderr}");
+    // A context whose cache overflows 64 bits is refused the same way, not wrapped around.
+    let out = llm_rs(&[
+        "run",
+        "--model",
+        path.to_str().unwrap(),
+        "--ctx",
+        &u64::MAX.to_string(),
+        "hi",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--ctx"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]
