@@ -346,6 +346,13 @@ impl Model {
         })
     }
 
+    /// The logits of every position of `tokens`, one sequence in one batch on a fresh store:
+    /// `(tokens.len(), vocab)` — what a teacher-forced check against a reference needs.
+    pub fn logits_at_every_position(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        let batch = Batch::sequence(0, tokens, 0, true);
+        self.forward(&batch, &mut self.new_kv(), &mut crate::NoObserver)
+    }
+
     /// A fresh, empty store of keys and values that fits this model.
     pub fn new_kv(&self) -> ch03::VecKv {
         ch03::VecKv::new(self.config.n_layer, self.attention.kv_dim())

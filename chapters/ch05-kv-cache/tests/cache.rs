@@ -80,13 +80,7 @@ fn cached_logits_equal_uncached_at_every_step() {
     // depend on later tokens; checked below for one step against the real Uncached session).
     let (greedy, _) = run(&mut Cached::new(model, model.new_kv(), 512), &prompt);
     let all: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
-    let uncached = model
-        .forward(
-            &Batch::sequence(0, &all, 0, true),
-            &mut model.new_kv(),
-            &mut NoObserver,
-        )
-        .unwrap();
+    let uncached = model.logits_at_every_position(&all).unwrap();
     let vocab = model.config.vocab_size;
     let row = |step: usize| &uncached[(prompt.len() - 1 + step) * vocab..][..vocab];
     let real = ch05::Uncached::new(model)
@@ -266,13 +260,7 @@ fn sliding_window_cache_equals_windowed_attention() {
     }
     let mut windowed = load();
     windowed.attention.window = Some(cap);
-    let want = windowed
-        .forward(
-            &Batch::sequence(0, &tokens, 0, true),
-            &mut windowed.new_kv(),
-            &mut NoObserver,
-        )
-        .unwrap();
+    let want = windowed.logits_at_every_position(&tokens).unwrap();
     assert_close(
         "ring buffer vs window mask",
         &[tokens.len(), vocab],

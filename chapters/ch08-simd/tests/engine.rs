@@ -105,17 +105,6 @@ fn ids(x: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// Logits of every position of `tokens`, in one batch.
-fn all_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    model
-        .forward(
-            &Batch::sequence(0, tokens, 0, true),
-            &mut model.new_kv(),
-            &mut NoObserver,
-        )
-        .unwrap()
-}
-
 #[test]
 fn the_fast_path_matches_llama_cpp() {
     let file = model_file();
@@ -145,7 +134,7 @@ fn the_fast_path_matches_llama_cpp() {
         let cont = ids(&v["continuation"]["ids"]);
         // Teacher forcing: our logits at every greedy step, given llama.cpp's choices so far.
         let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
-        let ours = all_logits(&model, &all);
+        let ours = model.logits_at_every_position(&all).unwrap();
         let want = want_logits.f32(name).unwrap();
         let a = teacher_forced(&want.data, &ours[(prompt.len() - 1) * vocab..], &cont)
             .unwrap_or_else(|e| panic!("{name} vs llama.cpp: {e}"));
@@ -184,7 +173,7 @@ fn fast_logits_equal_chapter_6s_for_any_threads() {
     let file = model_file();
     let tokens = prompt(&file);
     let scalar = Model::load(&file, &QuantLoader, &ch08::architectures()).unwrap();
-    let want = all_logits(&scalar, &tokens);
+    let want = scalar.logits_at_every_position(&tokens).unwrap();
     let vocab = scalar.config.vocab_size;
     let pools: Vec<Arc<dyn Parallel>> = vec![
         Arc::new(SpinPool::new(1)),
@@ -195,7 +184,7 @@ fn fast_logits_equal_chapter_6s_for_any_threads() {
     for pool in pools {
         let what = format!("{:?} kernels, {}", kernels.isa, pool.describe());
         let model = Model::load(&file, &loader(kernels, pool), &ch08::architectures()).unwrap();
-        let got = all_logits(&model, &tokens);
+        let got = model.logits_at_every_position(&tokens).unwrap();
         let packed = model
             .blocks_as::<ch08::llama::Llama>()
             .expect("llama blocks")
@@ -241,7 +230,7 @@ fn simd_compute_matches_the_scalar_reference_on_f32_weights() {
         scalar.attention.kv_dim(),
         scalar.config.vocab_size,
     );
-    let want = all_logits(&scalar, &tokens);
+    let want = scalar.logits_at_every_position(&tokens).unwrap();
     // Decode steps after the prompt too: with 2 threads one query row splits its keys, and
     // the split results are merged.
     let decode = |model: &Model| {
@@ -270,7 +259,7 @@ fn simd_compute_matches_the_scalar_reference_on_f32_weights() {
     ] {
         model = model.with_compute(Arc::new(ch08::SimdCompute::new(&kernels, pool.clone())));
         let what = format!("{:?} kernels, {}", kernels.isa, pool.describe());
-        let got = all_logits(&model, &tokens);
+        let got = model.logits_at_every_position(&tokens).unwrap();
         let r = assert_close(
             &format!("prefill logits, {what}"),
             &[tokens.len(), vocab],

@@ -80,13 +80,17 @@ impl EngineArgs {
         fast
     }
 
+    /// Whether the matrices will be repacked: not `--no-repack`, and the CPU has chapter 8's
+    /// micro-kernel.
+    pub fn repacks(&self) -> bool {
+        !self.no_repack && ch08::fast_matrix::packs(&ch08::kernels::KernelSet::detect())
+    }
+
     pub fn load_mode(&self) -> LoadMode {
         if self.no_mmap {
             LoadMode::Read
         } else {
-            let repacks =
-                !self.no_repack && ch08::fast_matrix::packs(&ch08::kernels::KernelSet::detect());
-            let chosen = if repacks {
+            let chosen = if self.repacks() {
                 PageAdvice::WillNeed
             } else {
                 PageAdvice::Normal

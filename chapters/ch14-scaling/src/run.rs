@@ -29,8 +29,7 @@ pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
         .unwrap_or_else(|| config.default_context());
     let holding = Holding {
         mapped: !args.no_mmap,
-        repack: !args.no_repack
-            && crate::ch08::fast_matrix::packs(&crate::ch08::kernels::KernelSet::detect()),
+        repack: args.repacks(),
     };
     Ok(Budget::plan(&file.gguf, &config, n_ctx, holding))
 }

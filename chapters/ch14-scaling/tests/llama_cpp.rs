@@ -13,7 +13,7 @@ use ch14::agreement::{check_tie_fraction, teacher_forced};
 use ch14::engine::{Engine, LoadMode};
 use ch14::large::{self, Recipe};
 use ch14::mapped::MapOptions;
-use ch14::{Batch, FastLoader, GgufFile, Model, NoObserver, PoolKind, QuantLoader, new_pool};
+use ch14::{FastLoader, GgufFile, Model, PoolKind, QuantLoader, new_pool};
 use std::path::PathBuf;
 use testkit::refdata::{self, TensorFile};
 
@@ -37,17 +37,6 @@ fn built(id: &str, m: &serde_json::Value) -> PathBuf {
         path.display()
     );
     path
-}
-
-/// Logits at every position of `tokens`, one batch.
-fn all_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    model
-        .forward(
-            &Batch::sequence(0, tokens, 0, true),
-            &mut model.new_kv(),
-            &mut NoObserver,
-        )
-        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn ids(t: &TensorFile, name: &str) -> Vec<u32> {
@@ -85,7 +74,9 @@ fn generated_large_models_agree_with_llama_cpp_on_both_paths() {
         for (path_name, model) in [("scalar", &scalar), ("fast", &engine.model)] {
             let vocab = model.config.vocab_size;
             assert_eq!(vocab, next.data.len(), "{id}: vocabulary size");
-            let ours = all_logits(model, &all);
+            let ours = model
+                .logits_at_every_position(&all)
+                .unwrap_or_else(|e| panic!("{e}"));
             let a = teacher_forced(&next.data, &ours[(prompt.len() - 1) * vocab..], &cont)
                 .unwrap_or_else(|e| panic!("{id}, {path_name} path, vs llama.cpp: {e}"));
             eprintln!("{id} ({path_name}): {a}");
