@@ -2,9 +2,10 @@
 //! [`EngineArgs`].
 
 use crate::generate::Generate;
-use ch10::Architectures;
+use ch10::cache::cache_row_type;
 use ch10::engine::{self, EngineArgs};
 use ch10::mapped::PageAdvice;
+use ch10::{Architectures, CacheTypes, RowType};
 use clap::{CommandFactory, Parser, ValueEnum};
 use std::ffi::OsString;
 
@@ -40,6 +41,30 @@ pub struct Engine {
     /// built with the `gpu` feature.
     #[arg(long)]
     pub gpu: bool,
+    /// What the KV cache keeps keys and values in.
+    #[command(flatten)]
+    pub cache: Cache,
+}
+
+/// `--cache-type-k`, `--cache-type-v`: llama.cpp's flags, names and default.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Cache {
+    /// Type of the keys in the KV cache: f32, f16 (half the memory, llama.cpp's default) or
+    /// q8_0 (a little over a quarter). The GPU path keeps its own f32 cache.
+    #[arg(long, default_value = "f16", value_parser = cache_row_type)]
+    pub cache_type_k: RowType,
+    /// Type of the values in the KV cache: f32, f16 or q8_0.
+    #[arg(long, default_value = "f16", value_parser = cache_row_type)]
+    pub cache_type_v: RowType,
+}
+
+impl Cache {
+    pub fn types(&self) -> CacheTypes {
+        CacheTypes {
+            k: self.cache_type_k,
+            v: self.cache_type_v,
+        }
+    }
 }
 
 /// `--advice`: chapter 10's [`PageAdvice`], by name.
@@ -78,6 +103,7 @@ impl Engine {
             no_repack: self.no_repack,
             gpu: self.gpu,
             archs,
+            cache: self.cache.types(),
         }
     }
 }

@@ -56,6 +56,9 @@ pub struct Server {
     /// Keep every weight a view of the mapped file (no repacking for chapter 8's micro-kernel).
     #[arg(long)]
     pub no_repack: bool,
+    /// What the shared KV cache keeps keys and values in.
+    #[command(flatten)]
+    pub cache: crate::engine::Cache,
 }
 
 impl Server {
@@ -75,6 +78,7 @@ impl Server {
             timeout: self.timeout,
             body_limit: self.body_limit,
             no_repack: self.no_repack,
+            cache: self.cache.types(),
             archs,
         }
     }

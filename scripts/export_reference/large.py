@@ -11,6 +11,7 @@ continuation: what chapter 6's KL / near-tie rule needs.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -27,6 +28,13 @@ MODELS = [
     ("qwen2-7b", "Q4_0", 2),
 ]
 N_GENERATE = 16
+
+# The KV cache types the tests check besides f32 (the settings' own): llama.cpp's default f16,
+# and q8_0, which llama.cpp keeps for values only with flash attention on.
+CACHES = [
+    ("f16", "GGML_TYPE_F16", False),
+    ("q8_0", "GGML_TYPE_Q8_0", True),
+]
 
 PROMPT = (
     "The old lighthouse keeper climbed the spiral stairs every evening, counting the steps "
@@ -60,18 +68,23 @@ def export_large(root: Path, cache: Path, out_dir: Path, settings: E.ContextSett
         try:
             ids = model.tokenize(PROMPT, add_special=True, parse_special=False)
             gen = P.generate(model, settings, ids, N_GENERATE, 1, prompt_logits=False)
+            cached = {}
+            for name, ty, fa in CACHES:
+                s = dataclasses.replace(settings, type_k=getattr(E.L, ty),
+                                        type_v=getattr(E.L, ty), flash_attn=fa)
+                cached[name] = (s, P.generate(model, s, ids, N_GENERATE, 1, prompt_logits=False))
         finally:
             model.close()
         log(f"large {mid}: {len(ids)} prompt tokens, {len(gen['ids'])} generated")
-        write_safetensors(
-            out_dir / f"large/{mid}.safetensors",
-            {
-                "tokens": np.asarray(ids, dtype=np.int32),
-                "next_logits": gen["logits_full"][0].astype(np.float32),
-                "generated": np.asarray(gen["ids"], dtype=np.int32),
-            },
-            {"model": mid},
-        )
+        tensors = {
+            "tokens": np.asarray(ids, dtype=np.int32),
+            "next_logits": gen["logits_full"][0].astype(np.float32),
+            "generated": np.asarray(gen["ids"], dtype=np.int32),
+        }
+        for name, (_, g) in cached.items():
+            tensors[f"{name}.next_logits"] = g["logits_full"][0].astype(np.float32)
+            tensors[f"{name}.generated"] = np.asarray(g["ids"], dtype=np.int32)
+        write_safetensors(out_dir / f"large/{mid}.safetensors", tensors, {"model": mid})
         models[mid] = {
             "shape": shape,
             "ftype": ftype,
@@ -84,6 +97,8 @@ def export_large(root: Path, cache: Path, out_dir: Path, settings: E.ContextSett
             "add_special": True,
             "n_prompt_tokens": len(ids),
             "generated": gen["ids"],
+            "caches": {name: {"settings": s.describe(), "generated": g["ids"]}
+                       for name, (s, g) in cached.items()},
         }
     write_json(out_dir / "large/models.json", {"settings": settings.describe(), "models": models})
     return {mid: {k: m[k] for k in ("sha256", "size", "n_prompt_tokens")}

@@ -74,19 +74,28 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, Dequ
             got: bytes.len(),
         });
     }
-    let row: fn(&[u8], &mut [f32]) = match ty {
-        GgmlType::F32 => dequantize_row_f32,
-        GgmlType::F16 => dequantize_row_f16,
-        GgmlType::BF16 => dequantize_row_bf16,
-        GgmlType::Q8_0 => dequantize_row_q8_0,
-        GgmlType::Q4_1 => dequantize_row_q4_1,
-        other => return Err(DequantError::Unsupported(other)),
-    };
+    let row = row_dequantizer(ty).ok_or(DequantError::Unsupported(ty))?;
     let mut out = vec![0.0f32; n];
     row(bytes, &mut out);
     Ok(out)
 }
 // ANCHOR_END: dequantize
+
+/// Turns one row of whole blocks into f32 (ggml's `ggml_to_float_t`).
+pub type RowDequantizer = fn(&[u8], &mut [f32]);
+
+/// The function that turns one row of `ty` (whole blocks) into f32, for the types this chapter
+/// dequantizes; `None` for the others.
+pub fn row_dequantizer(ty: GgmlType) -> Option<RowDequantizer> {
+    Some(match ty {
+        GgmlType::F32 => dequantize_row_f32,
+        GgmlType::F16 => dequantize_row_f16,
+        GgmlType::BF16 => dequantize_row_bf16,
+        GgmlType::Q8_0 => dequantize_row_q8_0,
+        GgmlType::Q4_1 => dequantize_row_q4_1,
+        _ => return None,
+    })
+}
 
 /// Little-endian f32s.
 pub fn dequantize_row_f32(x: &[u8], y: &mut [f32]) {

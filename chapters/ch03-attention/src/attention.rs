@@ -178,26 +178,22 @@ impl Attention {
         out: &mut [f32],
     ) {
         // ANCHOR: yours_attend
-        let hd = self.head_dim;
+        let (hd, kvd) = (self.head_dim, self.kv_dim());
         let group = self.n_head / self.n_head_kv; // query heads per KV head
         let scale = self.kq_scale; // 1/√head_dim
         let n = visible.len();
         out.fill(0.0);
         for h in 0..self.n_head {
-            let kvh = h / group;
+            let head = (h / group) * hd..(h / group + 1) * hd; // its KV head's part of a row
             let q_h = &q[h * hd..(h + 1) * hd];
             let p = &mut probs[h * n..(h + 1) * n];
             for (j, pos) in visible.clone().enumerate() {
-                let k = &kv.key(pos)[kvh * hd..(kvh + 1) * hd];
-                p[j] = crate::matrix::dot(q_h, k) * scale;
+                p[j] = kv.key(pos).dot(kvd, 0, head.clone(), q_h) * scale;
             }
             softmax(p);
             let o = &mut out[h * hd..(h + 1) * hd];
             for (j, pos) in visible.clone().enumerate() {
-                let v = &kv.value(pos)[kvh * hd..(kvh + 1) * hd];
-                for (o, v) in o.iter_mut().zip(v) {
-                    *o += p[j] * v;
-                }
+                kv.value(pos).axpy(kvd, 0, head.clone(), p[j], o);
             }
         }
         // ANCHOR_END: yours_attend

@@ -6,35 +6,126 @@
 //! The traits are what later chapters build on: chapter 5 keeps a store across calls (the KV
 //! cache) and adds a paged one; chapter 7 puts several sequences in one store and one batch.
 
+use crate::ch01::GgmlType;
+use crate::ch01::dequant::row_dequantizer;
 use std::fmt;
 use std::ops::Range;
+
+// ANCHOR: rows
+/// Stored rows of keys or values, as the store keeps them: plain f32 (every store of this
+/// chapter), or encoded in a ggml type (F16, Q8_0: chapter 5's smaller caches) that a reader
+/// decodes as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    /// Rows of f32 values side by side.
+    F32(&'a [f32]),
+    /// Rows of `ty`, each `ty.row_bytes(width)` bytes, side by side.
+    Encoded { ty: GgmlType, bytes: &'a [u8] },
+}
+
+impl<'a> KvRows<'a> {
+    /// The type the rows are kept in.
+    pub fn ty(&self) -> GgmlType {
+        match self {
+            KvRows::F32(_) => GgmlType::F32,
+            KvRows::Encoded { ty, .. } => *ty,
+        }
+    }
+
+    /// How many rows of `width` values this run holds.
+    pub fn len(&self, width: usize) -> usize {
+        match self {
+            KvRows::F32(x) => x.len() / width.max(1),
+            KvRows::Encoded { ty, bytes } => bytes.len() / row_bytes(*ty, width).max(1),
+        }
+    }
+
+    /// `q · x`, where `x` is values `cols` of row `i` (rows `width` values wide): the score of
+    /// a query against one head of a stored key. Encoded rows are decoded a piece at a time
+    /// (no buffer the size of a row); `cols` must start and end on the type's block boundaries
+    /// (a store checks that its heads do when it is made).
+    pub fn dot(&self, width: usize, i: usize, cols: Range<usize>, q: &[f32]) -> f32 {
+        match *self {
+            KvRows::F32(x) => crate::matrix::dot(q, &x[i * width..][cols]),
+            KvRows::Encoded { ty, bytes } => {
+                let mut sum = 0.0;
+                decode_pieces(ty, bytes, width, i, cols, |at, x| {
+                    sum += crate::matrix::dot(&q[at..at + x.len()], x)
+                });
+                sum
+            }
+        }
+    }
+
+    /// `out += a · x`, `x` as in [`KvRows::dot`]: a weighted value added to a head's output.
+    pub fn axpy(&self, width: usize, i: usize, cols: Range<usize>, a: f32, out: &mut [f32]) {
+        let mut add = |at: usize, x: &[f32]| {
+            for (o, x) in out[at..at + x.len()].iter_mut().zip(x) {
+                *o += a * x;
+            }
+        };
+        match *self {
+            KvRows::F32(x) => add(0, &x[i * width..][cols]),
+            KvRows::Encoded { ty, bytes } => decode_pieces(ty, bytes, width, i, cols, add),
+        }
+    }
+}
+
+/// Values per piece an encoded row is decoded in: a multiple of every block size a store
+/// keeps (1 for F16, 32 for Q8_0), small enough for the stack.
+const PIECE: usize = 32;
+
+/// Call `f(offset, values)` for values `cols` of row `i` of encoded rows, [`PIECE`] at a time.
+fn decode_pieces(
+    ty: GgmlType,
+    bytes: &[u8],
+    width: usize,
+    i: usize,
+    cols: Range<usize>,
+    mut f: impl FnMut(usize, &[f32]),
+) {
+    let decode = row_dequantizer(ty).unwrap_or_else(|| panic!("KV rows of {ty}: no decoder"));
+    let row = &bytes[i * row_bytes(ty, width)..];
+    let mut buf = [0.0f32; PIECE];
+    let mut c = cols.start;
+    while c < cols.end {
+        let n = PIECE.min(cols.end - c);
+        decode(&row[row_bytes(ty, c)..row_bytes(ty, c + n)], &mut buf[..n]);
+        f(c - cols.start, &buf[..n]);
+        c += n;
+    }
+}
+
+/// Bytes of `n` values of `ty`: `n` must be whole blocks.
+fn row_bytes(ty: GgmlType, n: usize) -> usize {
+    ty.row_bytes(n as u64)
+        .unwrap_or_else(|| panic!("{n} values are not whole {ty} blocks")) as usize
+}
+// ANCHOR_END: rows
 
 // ANCHOR: traits
 /// Read access to the stored keys and values of one layer of one sequence. `Sync`, so that
 /// several threads may read one view at once (chapter 8 spreads attention over threads).
 pub trait KvView: Sync {
+    /// Keys of positions `pos..pos + k`, rows of `(n_head_kv, head_dim)` side by side, for
+    /// some `1 <= k <= max` (`max >= 1`): as many as the store keeps side by side. A fast
+    /// attention reads keys a run at a time instead of one call per position.
+    fn key_run(&self, pos: usize, max: usize) -> KvRows<'_>;
+    /// Values of positions `pos..pos + k`, `k` as [`KvView::key_run`] gives for the same
+    /// arguments.
+    fn value_run(&self, pos: usize, max: usize) -> KvRows<'_>;
     /// Key of position `pos`, all KV heads: `(n_head_kv, head_dim)` flattened.
-    fn key(&self, pos: usize) -> &[f32];
+    fn key(&self, pos: usize) -> KvRows<'_> {
+        self.key_run(pos, 1)
+    }
     /// Value of position `pos`, all KV heads: `(n_head_kv, head_dim)` flattened.
-    fn value(&self, pos: usize) -> &[f32];
+    fn value(&self, pos: usize) -> KvRows<'_> {
+        self.value_run(pos, 1)
+    }
     /// The first position still stored. Zero unless a store dropped old positions (chapter 5's
     /// sliding window).
     fn first(&self) -> usize {
         0
-    }
-    /// Keys of positions `pos..pos + k` as one slice `(k, n_head_kv * head_dim)`, for some
-    /// `1 <= k <= max` (`max >= 1`): as many as the store keeps side by side. A fast attention
-    /// reads keys a run at a time instead of one call per position; by default a run is one
-    /// position.
-    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
-        let _ = max;
-        self.key(pos)
-    }
-    /// Values of positions `pos..pos + k`, `k` as [`KvView::key_run`] gives for the same
-    /// arguments.
-    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
-        let _ = max;
-        self.value(pos)
     }
 }
 
@@ -150,19 +241,13 @@ pub struct VecKvView<'a> {
 }
 
 impl KvView for VecKvView<'_> {
-    fn key(&self, pos: usize) -> &[f32] {
-        &self.k[pos * self.kv_dim..(pos + 1) * self.kv_dim]
+    fn key_run(&self, pos: usize, max: usize) -> KvRows<'_> {
+        let end = (pos + max.max(1)).min(self.k.len() / self.kv_dim);
+        KvRows::F32(&self.k[pos * self.kv_dim..end * self.kv_dim])
     }
-    fn value(&self, pos: usize) -> &[f32] {
-        &self.v[pos * self.kv_dim..(pos + 1) * self.kv_dim]
-    }
-    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
-        let end = (pos + max).min(self.k.len() / self.kv_dim);
-        &self.k[pos * self.kv_dim..end * self.kv_dim]
-    }
-    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
-        let end = (pos + max).min(self.v.len() / self.kv_dim);
-        &self.v[pos * self.kv_dim..end * self.kv_dim]
+    fn value_run(&self, pos: usize, max: usize) -> KvRows<'_> {
+        let end = (pos + max.max(1)).min(self.v.len() / self.kv_dim);
+        KvRows::F32(&self.v[pos * self.kv_dim..end * self.kv_dim])
     }
 }
 

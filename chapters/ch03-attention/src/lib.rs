@@ -27,7 +27,7 @@ pub mod ops;
 pub mod rope;
 
 pub use attention::{Attention, AttentionWeights, AttnBias, TokenPos, softmax};
-pub use kv::{KvDyn, KvError, KvStore, KvView, VecKv};
+pub use kv::{KvDyn, KvError, KvRows, KvStore, KvView, VecKv};
 pub use matrix::{DenseLoader, DenseMatrix, LoadError, Matrix, MatrixLoader};
 pub use observe::{NoObserver, Observer, Recorder};
 pub use ops::{AttentionOps, AttnScratch, Scalar};

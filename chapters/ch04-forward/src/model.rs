@@ -349,8 +349,18 @@ impl Model {
     /// The logits of every position of `tokens`, one sequence in one batch on a fresh store:
     /// `(tokens.len(), vocab)` — what a teacher-forced check against a reference needs.
     pub fn logits_at_every_position(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        self.logits_at_every_position_in(tokens, &mut self.new_kv())
+    }
+
+    /// [`Model::logits_at_every_position`] with the keys and values kept in `kv` (an empty
+    /// store: sequence 0 from position 0).
+    pub fn logits_at_every_position_in<K: KvStore>(
+        &self,
+        tokens: &[u32],
+        kv: &mut K,
+    ) -> Result<Vec<f32>, ForwardError> {
         let batch = Batch::sequence(0, tokens, 0, true);
-        self.forward(&batch, &mut self.new_kv(), &mut crate::NoObserver)
+        self.forward(&batch, kv, &mut crate::NoObserver)
     }
 
     /// A fresh, empty store of keys and values that fits this model.

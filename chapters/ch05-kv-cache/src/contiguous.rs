@@ -3,10 +3,11 @@
 //! Memory per token: 2 (K and V) × n_layer × n_head_kv × head_dim × 4 bytes. For SmolLM2-135M:
 //! 2 × 30 × 3 × 64 × 4 = 46,080 bytes, so its full 8,192-token context takes 377 MB. Grouped-
 //! query attention is why that is affordable: with one KV head per query head (9 instead of 3) it
-//! would be three times as much.
+//! would be three times as much. Kept in f16 ([`CacheTypes::F16`], llama.cpp's default) it
+//! is half that.
 
-use crate::kv_floats;
-use ch04::ch03::kv::{KvError, KvStore, KvView};
+use crate::rows::{CacheTypes, RowBuf, kv_rows};
+use ch04::ch03::kv::{KvError, KvRows, KvStore, KvView};
 
 /// What happens when the cache is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +28,10 @@ pub struct ContiguousCache {
     kv_dim: usize,   // n_head_kv * head_dim
     capacity: usize, // positions the buffers hold
     overflow: Overflow,
-    k: Vec<f32>, // (n_layer, capacity, kv_dim)
-    v: Vec<f32>, // (n_layer, capacity, kv_dim)
-    len: usize,  // positions stored so far (the next position to write)
+    types: CacheTypes,
+    k: RowBuf,  // (n_layer, capacity, kv_dim) in types.k
+    v: RowBuf,  // (n_layer, capacity, kv_dim) in types.v
+    len: usize, // positions stored so far (the next position to write)
 }
 
 impl ContiguousCache {
@@ -66,23 +68,55 @@ impl ContiguousCache {
         capacity: usize,
         overflow: Overflow,
     ) -> Result<ContiguousCache, KvError> {
-        let n = kv_floats(
+        Self::try_typed(n_layer, kv_dim, capacity, overflow, CacheTypes::F32)
+    }
+
+    /// [`ContiguousCache::try_new`] keeping keys and values in `types`.
+    pub fn try_typed(
+        n_layer: usize,
+        kv_dim: usize,
+        capacity: usize,
+        overflow: Overflow,
+        types: CacheTypes,
+    ) -> Result<ContiguousCache, KvError> {
+        let rows = kv_rows(
             &format!("a KV cache of {capacity} positions"),
-            &[
-                ("layers", n_layer),
-                ("positions", capacity),
-                ("kv width", kv_dim),
-            ],
+            &[("layers", n_layer), ("positions", capacity)],
+            kv_dim,
+            types,
         )?;
         Ok(ContiguousCache {
             n_layer,
             kv_dim,
             capacity,
             overflow,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            types,
+            k: RowBuf::new(types.k, rows, kv_dim),
+            v: RowBuf::new(types.v, rows, kv_dim),
             len: 0,
         })
+    }
+
+    /// A cache for `model` holding `n_ctx` positions in `types`, refusing to overflow; an
+    /// error if the types cannot hold the model's heads or the size does not fit.
+    pub fn for_model_typed(
+        model: &ch04::Model,
+        n_ctx: usize,
+        types: CacheTypes,
+    ) -> Result<ContiguousCache, KvError> {
+        types.check_head_dim(model.attention.head_dim)?;
+        Self::try_typed(
+            model.config.n_layer,
+            model.attention.kv_dim(),
+            n_ctx,
+            Overflow::Error,
+            types,
+        )
+    }
+
+    /// The types keys and values are kept in.
+    pub fn types(&self) -> CacheTypes {
+        self.types
     }
 
     /// Positions stored (or, with a sliding window, seen) so far.
@@ -100,7 +134,7 @@ impl ContiguousCache {
 
     /// Bytes held by the buffers.
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * size_of::<f32>()
+        self.k.bytes() + self.v.bytes()
     }
 
     /// Forget everything (keeps the buffers).
@@ -113,9 +147,10 @@ impl ContiguousCache {
         self.len = self.len.min(pos);
     }
 
+    /// The row of `pos` in `layer`.
     fn slot(&self, layer: usize, pos: usize) -> usize {
         // ANCHOR: yours_slot
-        (layer * self.capacity + pos % self.capacity) * self.kv_dim
+        layer * self.capacity + pos % self.capacity
         // ANCHOR_END: yours_slot
     }
 }
@@ -128,24 +163,16 @@ pub struct ContiguousView<'a> {
 }
 
 impl KvView for ContiguousView<'_> {
-    fn key(&self, pos: usize) -> &[f32] {
-        let s = self.cache.slot(self.layer, pos);
-        &self.cache.k[s..s + self.cache.kv_dim]
-    }
-    fn value(&self, pos: usize) -> &[f32] {
-        let s = self.cache.slot(self.layer, pos);
-        &self.cache.v[s..s + self.cache.kv_dim]
-    }
     fn first(&self) -> usize {
         self.cache.len.saturating_sub(self.cache.capacity)
     }
-    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
+    fn key_run(&self, pos: usize, max: usize) -> KvRows<'_> {
         let (s, k) = self.run(pos, max);
-        &self.cache.k[s..s + k * self.cache.kv_dim]
+        self.cache.k.run(s, k, self.cache.kv_dim)
     }
-    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
+    fn value_run(&self, pos: usize, max: usize) -> KvRows<'_> {
         let (s, k) = self.run(pos, max);
-        &self.cache.v[s..s + k * self.cache.kv_dim]
+        self.cache.v.run(s, k, self.cache.kv_dim)
     }
 }
 
@@ -201,8 +228,8 @@ impl KvStore for ContiguousCache {
     fn store(&mut self, layer: usize, _seq: usize, pos: usize, k: &[f32], v: &[f32]) {
         debug_assert!(layer < self.n_layer);
         let s = self.slot(layer, pos);
-        self.k[s..s + self.kv_dim].copy_from_slice(k);
-        self.v[s..s + self.kv_dim].copy_from_slice(v);
+        self.k.write(s, k);
+        self.v.write(s, v);
     }
 
     fn view(&self, layer: usize, _seq: usize) -> ContiguousView<'_> {

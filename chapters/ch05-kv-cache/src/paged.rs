@@ -17,7 +17,8 @@
 //! uses (its last, partly filled block after a fork), it first gets a private copy
 //! (copy-on-write). Full shared blocks are never copied.
 
-use ch04::ch03::kv::{KvError, KvStore, KvView};
+use crate::rows::{CacheTypes, RowBuf, kv_rows};
+use ch04::ch03::kv::{KvError, KvRows, KvStore, KvView};
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
@@ -92,8 +93,9 @@ pub struct PagedCache {
     n_layer: usize,
     kv_dim: usize,
     block_size: usize,
-    k: Vec<f32>, // (n_blocks, n_layer, block_size, kv_dim)
-    v: Vec<f32>, // (n_blocks, n_layer, block_size, kv_dim)
+    types: CacheTypes,
+    k: RowBuf, // (n_blocks, n_layer, block_size, kv_dim) in types.k
+    v: RowBuf, // (n_blocks, n_layer, block_size, kv_dim) in types.v
     pub allocator: BlockAllocator,
     tables: Vec<Option<BlockTable>>, // by sequence id
 }
@@ -116,21 +118,34 @@ impl PagedCache {
         block_size: usize,
         n_blocks: usize,
     ) -> Result<PagedCache, KvError> {
-        let n = crate::kv_floats(
+        Self::try_typed(n_layer, kv_dim, block_size, n_blocks, CacheTypes::F32)
+    }
+
+    /// [`PagedCache::try_new`] keeping keys and values in `types`.
+    pub fn try_typed(
+        n_layer: usize,
+        kv_dim: usize,
+        block_size: usize,
+        n_blocks: usize,
+        types: CacheTypes,
+    ) -> Result<PagedCache, KvError> {
+        let rows = kv_rows(
             &format!("a paged KV cache of {n_blocks} blocks"),
             &[
                 ("blocks", n_blocks),
                 ("layers", n_layer),
                 ("block size", block_size),
-                ("kv width", kv_dim),
             ],
+            kv_dim,
+            types,
         )?;
         Ok(PagedCache {
             n_layer,
             kv_dim,
             block_size,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            types,
+            k: RowBuf::new(types.k, rows, kv_dim),
+            v: RowBuf::new(types.v, rows, kv_dim),
             allocator: BlockAllocator::new(n_blocks),
             tables: Vec::new(),
         })
@@ -138,6 +153,16 @@ impl PagedCache {
 
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// The types keys and values are kept in.
+    pub fn types(&self) -> CacheTypes {
+        self.types
+    }
+
+    /// Bytes held by the pool.
+    pub fn bytes(&self) -> usize {
+        self.k.bytes() + self.v.bytes()
     }
 
     /// The block table of `seq`, if it exists.
@@ -207,17 +232,18 @@ impl PagedCache {
         }
     }
 
+    /// The row of position `row` of `block` in `layer`.
     fn offset(&self, block: BlockId, layer: usize, row: usize) -> usize {
         // ANCHOR: yours_offset
-        ((block as usize * self.n_layer + layer) * self.block_size + row) * self.kv_dim
+        (block as usize * self.n_layer + layer) * self.block_size + row
         // ANCHOR_END: yours_offset
     }
 
     fn copy_block(&mut self, from: BlockId, to: BlockId) {
-        let n = self.n_layer * self.block_size * self.kv_dim;
+        let n = self.n_layer * self.block_size; // rows per block
         let (f, t) = (from as usize * n, to as usize * n);
-        self.k.copy_within(f..f + n, t);
-        self.v.copy_within(f..f + n, t);
+        self.k.copy_rows(f, t, n, self.kv_dim);
+        self.v.copy_rows(f, t, n, self.kv_dim);
     }
 }
 
@@ -229,31 +255,13 @@ pub struct PagedView<'a> {
 }
 
 impl KvView for PagedView<'_> {
-    fn key(&self, pos: usize) -> &[f32] {
-        let c = self.cache;
-        let o = c.offset(
-            self.blocks[pos / c.block_size],
-            self.layer,
-            pos % c.block_size,
-        );
-        &c.k[o..o + c.kv_dim]
-    }
-    fn value(&self, pos: usize) -> &[f32] {
-        let c = self.cache;
-        let o = c.offset(
-            self.blocks[pos / c.block_size],
-            self.layer,
-            pos % c.block_size,
-        );
-        &c.v[o..o + c.kv_dim]
-    }
-    fn key_run(&self, pos: usize, max: usize) -> &[f32] {
+    fn key_run(&self, pos: usize, max: usize) -> KvRows<'_> {
         let (o, k) = self.run(pos, max);
-        &self.cache.k[o..o + k * self.cache.kv_dim]
+        self.cache.k.run(o, k, self.cache.kv_dim)
     }
-    fn value_run(&self, pos: usize, max: usize) -> &[f32] {
+    fn value_run(&self, pos: usize, max: usize) -> KvRows<'_> {
         let (o, k) = self.run(pos, max);
-        &self.cache.v[o..o + k * self.cache.kv_dim]
+        self.cache.v.run(o, k, self.cache.kv_dim)
     }
 }
 
@@ -335,8 +343,8 @@ impl KvStore for PagedCache {
             layer,
             pos % self.block_size,
         );
-        self.k[o..o + self.kv_dim].copy_from_slice(k);
-        self.v[o..o + self.kv_dim].copy_from_slice(v);
+        self.k.write(o, k);
+        self.v.write(o, v);
     }
 
     fn view(&self, layer: usize, seq: usize) -> PagedView<'_> {

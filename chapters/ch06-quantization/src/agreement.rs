@@ -191,6 +191,9 @@ pub struct Agreement {
     pub steps: usize,
     /// Steps that disagreed within the tie margin.
     pub near_ties: usize,
+    /// Steps whose two best candidates in our logits are closer than the tie margin: the
+    /// steps where a near-tie can happen at all.
+    pub close: usize,
     /// Those steps, with the gap between the two tokens in our logits: `(step, gap)`.
     pub ties: Vec<(usize, f32)>,
 }
@@ -261,13 +264,30 @@ pub fn teacher_forced_with(
             }
         }
     }
+    let close = (0..continuation.len())
+        .filter(|&step| top_two_gap(row(step)) < tie)
+        .count();
     Ok(Agreement {
         kl,
         mean_abs_logit,
         steps: continuation.len(),
         near_ties: ties.len(),
+        close,
         ties,
     })
+}
+
+/// The gap between the largest and the second largest of `x` (`inf` with fewer than two).
+fn top_two_gap(x: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in x {
+        if v > a {
+            (a, b) = (v, a);
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
 }
 
 /// [`teacher_forced_with`] this chapter's [`Margins::QUANTIZED`].

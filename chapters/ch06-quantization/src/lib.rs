@@ -17,6 +17,8 @@
 //! - [`recipe`]: llama.cpp's choice of type for each tensor of a file type such as Q4_K_M
 //!   ([`Plan`](recipe::Plan)), lists of per-tensor types, and `llama_model_quantize`
 //!   ([`quantize_gguf`](recipe::quantize_gguf)).
+//! - [`cache`]: chapter 5's KV cache kept in Q8_0 ([`ROW_Q8_0`](cache::ROW_Q8_0)), and the
+//!   cache types by llama.cpp's names.
 //! - [`agreement`]: how a quantized model is judged against llama.cpp (or another engine):
 //!   KL divergence and mean |Δlogit| of the next-token distribution, and teacher-forced greedy
 //!   tokens that may differ only at near-ties, with the named tolerances every such check uses.
@@ -26,6 +28,7 @@
 //! (chapter 10).
 
 pub mod agreement;
+pub mod cache;
 pub mod gguf_write;
 pub mod qmatrix;
 pub mod quants;

@@ -158,6 +158,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         block_size: args.block_size,
         n_blocks: args.blocks,
         prefix_cache: !args.no_prefix_cache,
+        cache: Default::default(),
     };
     let name = path
         .file_name()

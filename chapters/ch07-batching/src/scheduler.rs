@@ -36,8 +36,8 @@
 use crate::prefix::PrefixCache;
 use crate::request::{Finished, Request, RequestId};
 use ch06::{
-    BadSamplerParam, Batch, ForwardError, Generator, Model, NoObserver, NonFinite, PagedCache,
-    Scratch, StopReason, Tokenizer,
+    BadSamplerParam, Batch, CacheTypes, ForwardError, Generator, Model, NoObserver, NonFinite,
+    PagedCache, Scratch, StopReason, Tokenizer,
 };
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -52,6 +52,8 @@ pub trait BatchModel {
     fn n_layer(&self) -> usize;
     /// Width of a key or value row: `n_head_kv * head_dim`.
     fn kv_dim(&self) -> usize;
+    /// Values in one head of a key or value row.
+    fn head_dim(&self) -> usize;
     fn vocab_size(&self) -> usize;
     /// Positions a sequence may reach.
     fn n_ctx(&self) -> usize;
@@ -71,6 +73,9 @@ impl BatchModel for Model {
     }
     fn kv_dim(&self) -> usize {
         self.attention.kv_dim()
+    }
+    fn head_dim(&self) -> usize {
+        self.attention.head_dim
     }
     fn vocab_size(&self) -> usize {
         self.config.vocab_size
@@ -104,6 +109,8 @@ pub struct SchedulerConfig {
     pub n_blocks: usize,
     /// Keep computed prefixes for later requests.
     pub prefix_cache: bool,
+    /// What the pool keeps keys and values in (chapter 5's [`CacheTypes`]).
+    pub cache: CacheTypes,
 }
 
 impl Default for SchedulerConfig {
@@ -114,6 +121,7 @@ impl Default for SchedulerConfig {
             block_size: 16,
             n_blocks: 256,
             prefix_cache: true,
+            cache: CacheTypes::F32,
         }
     }
 }
@@ -302,13 +310,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         Ok(Scheduler {
             model,
             tokenizer,
-            kv: PagedCache::try_new(
-                model.n_layer(),
-                model.kv_dim(),
-                config.block_size,
-                config.n_blocks,
-            )
-            .map_err(|e| SchedulerError::Config(e.to_string()))?,
+            kv: config
+                .cache
+                .check_head_dim(model.head_dim())
+                .and_then(|()| {
+                    PagedCache::try_typed(
+                        model.n_layer(),
+                        model.kv_dim(),
+                        config.block_size,
+                        config.n_blocks,
+                        config.cache,
+                    )
+                })
+                .map_err(|e| SchedulerError::Config(e.to_string()))?,
             prefix: PrefixCache::new(config.block_size),
             seqs: Vec::new(),
             free_slots: (0..config.max_running).rev().collect(),

@@ -128,6 +128,7 @@ pub fn config_for(prompts: &[Vec<u32>], params: &GenParams) -> SchedulerConfig {
         block_size,
         n_blocks: blocks.max(1),
         prefix_cache: false,
+        cache: Default::default(),
     }
 }
 

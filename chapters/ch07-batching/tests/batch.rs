@@ -175,6 +175,7 @@ fn every_sequence_in_a_batch_computes_what_it_computes_alone() {
         block_size: 16,
         n_blocks: 16,
         prefix_cache: false,
+        cache: Default::default(),
     };
     let mut s = Scheduler::new(&e.model, &e.tok, config).unwrap();
     let mut sink = Collect::default();
@@ -219,6 +220,7 @@ fn a_preempted_request_is_recomputed_exactly() {
         // The longest request needs 24 + 15 = 39 positions, 10 blocks of 4; all three need 22.
         n_blocks: 13,
         prefix_cache: true,
+        cache: Default::default(),
     };
     let mut s = Scheduler::new(&e.model, &e.tok, config).unwrap();
     for p in prompts {
@@ -274,6 +276,7 @@ fn a_prefix_cache_hit_computes_less_and_changes_nothing() {
         block_size: 16,
         n_blocks: 16,
         prefix_cache: true,
+        cache: Default::default(),
     };
     let mut s = Scheduler::new(&e.model, &e.tok, config).unwrap();
     let mut sink = Collect::default();

@@ -67,6 +67,9 @@ impl BatchModel for FakeModel {
     fn kv_dim(&self) -> usize {
         2
     }
+    fn head_dim(&self) -> usize {
+        2
+    }
     fn vocab_size(&self) -> usize {
         VOCAB
     }
@@ -97,7 +100,9 @@ impl BatchModel for FakeModel {
             let view = kv.view(0, at.seq);
             let history: Vec<u32> = (0..=at.pos)
                 .map(|p| {
-                    let k = view.key(p);
+                    let ch07::KvRows::F32(k) = view.key(p) else {
+                        panic!("the pool keeps f32 unless told otherwise")
+                    };
                     assert_eq!(
                         k[1], p as f32,
                         "batch row {i}: position {p} holds another position's key"
@@ -224,7 +229,7 @@ proptest! {
         let max_running = running.min(budget);
         let need = |r: &Req| (r.prompt.len() + r.params.max_tokens).div_ceil(block_size);
         let n_blocks = reqs.iter().map(need).max().unwrap() + spare_blocks;
-        let config = SchedulerConfig { max_batch_tokens: budget, max_running, block_size, n_blocks, prefix_cache };
+        let config = SchedulerConfig { max_batch_tokens: budget, max_running, block_size, n_blocks, prefix_cache, cache: Default::default() };
         let model = FakeModel::default();
         let mut s = Scheduler::new(&model, tok, config).unwrap();
         let mut sink = Collect::default();
@@ -278,6 +283,7 @@ fn impossible_requests_are_refused_up_front() {
         block_size: 4,
         n_blocks: 3,
         prefix_cache: true,
+        cache: Default::default(),
     };
     let mut s = Scheduler::new(&model, tokenizer(), config.clone()).unwrap();
     let params = |max_tokens| GenParams {
@@ -357,6 +363,7 @@ proptest! {
             block_size,
             n_blocks,
             prefix_cache: true,
+            cache: Default::default(),
         };
         let model = FakeModel::default();
         let mut s = Scheduler::new(&model, tok, config).unwrap();

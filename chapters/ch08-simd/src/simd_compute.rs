@@ -25,7 +25,9 @@
 //! arithmetic-bound kernels. Buffers are kept per thread of the pool and reused, so nothing is
 //! allocated per token.
 
-use crate::ch04::ch03::{Attention, KvView, RopeTable, TokenPos};
+use crate::ch04::ch03::ch01::GgmlType;
+use crate::ch04::ch03::ch01::dequant::row_dequantizer;
+use crate::ch04::ch03::{Attention, KvRows, KvView, RopeTable, TokenPos};
 use crate::ch04::compute::geglu;
 use crate::ch04::{Activation, AttentionOps, Compute};
 use crate::kernels::{Isa, KernelSet};
@@ -116,7 +118,7 @@ impl F32Simd for Portable {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum F32Isa {
     Portable,
-    /// x86-64 AVX2 + FMA (every kernel set from AVX2 up has both).
+    /// x86-64 AVX2 + FMA + F16C (every kernel set from AVX2 up has all three).
     Avx2,
     /// [`F32Isa::Avx2`], with AVX-512 F for attention's scores and weighted sums.
     Avx512,
@@ -136,7 +138,9 @@ impl F32Isa {
     pub fn is_available(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         let (avx2, avx512) = (
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c"),
             is_x86_feature_detected!("avx512f"),
         );
         #[cfg(not(target_arch = "x86_64"))]
@@ -196,6 +200,8 @@ struct Tile {
     l: Vec<f32>,              // (n_qv): running sum of weights
     acc: Vec<f32>,            // (n_qv, head_dim): running weighted sum of values
     vis: Vec<(usize, usize)>, // (rows): the keys each row sees, within the unit's range
+    kdec: Vec<f32>,           // (KEY_TILE, head_dim): a tile's keys, decoded from an f16/q8_0 cache
+    vdec: Vec<f32>,           // (KEY_TILE, head_dim): its values, likewise
 }
 
 impl Tile {
@@ -210,6 +216,8 @@ impl Tile {
         at_least(&mut self.l, nq);
         at_least(&mut self.acc, nq * hd);
         at_least(&mut self.vis, rows);
+        at_least(&mut self.kdec, KEY_TILE * hd);
+        at_least(&mut self.vdec, KEY_TILE * hd);
     }
 }
 
@@ -261,30 +269,41 @@ unsafe fn attend_unit<S: F32Simd>(
         let at = (rows.start + r) * qd + (kvh * group + g) * hd;
         &j.q[at..at + hd]
     };
+    // Where a tile of an f16 or q8_0 cache is decoded: taken out of the tile for the loop (so
+    // the rows can borrow it while the rest of the tile is written) and put back after.
+    let (mut kdec, mut vdec) = (std::mem::take(&mut t.kdec), std::mem::take(&mut t.vdec));
+    kdec.resize(KEY_TILE * hd, 0.0);
+    vdec.resize(KEY_TILE * hd, 0.0);
 
-    // The key and value rows of one tile, this KV head's part of each.
-    let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
-    let mut vrows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_TILE).min(hi);
         let nt = j1 - j0;
-        gather(
-            j0,
-            j1,
-            kvh * hd..(kvh + 1) * hd,
-            kvd,
-            |p, m| j.kv.key_run(p, m),
-            &mut krows,
-        );
-        gather(
-            j0,
-            j1,
-            kvh * hd..(kvh + 1) * hd,
-            kvd,
-            |p, m| j.kv.value_run(p, m),
-            &mut vrows,
-        );
+        // The key and value rows of the tile, this KV head's part of each: read in place from
+        // an f32 cache, decoded once for the whole group of query vectors from any other.
+        let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+        let mut vrows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+        // SAFETY: `S`'s instructions are enabled (this function's contract).
+        unsafe {
+            gather::<S>(
+                j0,
+                j1,
+                kvh * hd..(kvh + 1) * hd,
+                kvd,
+                |p, m| j.kv.key_run(p, m),
+                &mut kdec,
+                &mut krows,
+            );
+            gather::<S>(
+                j0,
+                j1,
+                kvh * hd..(kvh + 1) * hd,
+                kvd,
+                |p, m| j.kv.value_run(p, m),
+                &mut vdec,
+                &mut vrows,
+            );
+        }
         for r in 0..nr {
             // The keys of the tile this row sees, as indices into the tile.
             let (vlo, vhi) = t.vis[r];
@@ -322,6 +341,7 @@ unsafe fn attend_unit<S: F32Simd>(
         }
         j0 = j1;
     }
+    (t.kdec, t.vdec) = (kdec, vdec);
 
     for r in 0..nr {
         for g in 0..group {
@@ -352,31 +372,72 @@ unsafe fn attend_unit<S: F32Simd>(
 // ANCHOR_END: attend_unit
 
 /// Fill `rows[..j1 - j0]` with part `head` of the rows of positions `j0..j1`, read a run at a
-/// time with `run(pos, max)` (rows of `width` values side by side).
+/// time with `run(pos, max)` (rows of `width` values side by side): f32 rows in place, encoded
+/// rows (f16, q8_0) decoded into `dec` (`(KEY_TILE, head.len())`).
+///
+/// # Safety
+/// `S`'s instructions are available.
 #[inline(always)]
-fn gather<'a>(
+unsafe fn gather<'a, S: F32Simd>(
     j0: usize,
     j1: usize,
     head: Range<usize>,
     width: usize,
-    run: impl Fn(usize, usize) -> &'a [f32],
+    run: impl Fn(usize, usize) -> KvRows<'a>,
+    dec: &'a mut [f32],
     rows: &mut [&'a [f32]; KEY_TILE],
 ) {
+    let hd = head.len();
+    let mut decoded = [false; KEY_TILE];
     let mut p = j0;
     while p < j1 {
         let r = run(p, j1 - p);
+        let n = r.len(width).min(j1 - p);
         // The kernels read a whole head of every row of the tile, so each position must get
         // one: a run of less than one row (which `KvView` promises never to return) would
         // leave a row empty.
         assert!(
-            r.len() >= width,
-            "attention: the KV store returned {} values at position {p}, less than one row of {width}",
-            r.len()
+            n >= 1,
+            "attention: the KV store returned less than one row of {width} values at position {p}"
         );
-        for (k, row) in r.chunks_exact(width).enumerate() {
-            rows[p - j0 + k] = &row[head.clone()];
+        match r {
+            KvRows::F32(x) => {
+                for (k, row) in x.chunks_exact(width).take(n).enumerate() {
+                    rows[p - j0 + k] = &row[head.clone()];
+                }
+            }
+            KvRows::Encoded { ty, bytes } => {
+                let at = |n: usize| {
+                    ty.row_bytes(n as u64).unwrap_or_else(|| {
+                        panic!("attention: {n} values are not whole {ty} blocks")
+                    }) as usize
+                };
+                let (rb, b0, b1) = (at(width), at(head.start), at(head.end));
+                for k in 0..n {
+                    let (src, i) = (&bytes[k * rb..][b0..b1], p - j0 + k);
+                    let out = &mut dec[i * hd..(i + 1) * hd];
+                    match ty {
+                        // SAFETY: `S`'s instructions are enabled (this function's contract); the
+                        // decoder stays inside its slices.
+                        GgmlType::F16 => unsafe { S::f16_to_f32(src, out) },
+                        // SAFETY: as for F16.
+                        GgmlType::Q8_0 => unsafe { S::q8_0_to_f32(src, out) },
+                        other => row_dequantizer(other)
+                            .unwrap_or_else(|| panic!("attention: no decoder for {other} rows"))(
+                            src, out,
+                        ),
+                    }
+                    decoded[i] = true;
+                }
+            }
         }
-        p += r.len() / width;
+        p += n;
+    }
+    let dec: &'a [f32] = dec;
+    for (i, row) in rows.iter_mut().enumerate().take(j1 - j0) {
+        if decoded[i] {
+            *row = &dec[i * hd..(i + 1) * hd];
+        }
     }
 }
 
@@ -427,7 +488,7 @@ mod avx2 {
     use super::*;
     use crate::simd::x86::act::Avx2;
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_unit(
         j: &AttendJob,
         kvh: usize,
@@ -436,7 +497,7 @@ mod avx2 {
         t: &mut Tile,
         dst: Dest,
     ) {
-        // SAFETY: this function enables AVX2 and FMA, which `Avx2` needs; the rest of
+        // SAFETY: this function enables AVX2, FMA and F16C, which `Avx2` needs; the rest of
         // `attend_unit`'s contract is this function's own, passed on by its caller.
         unsafe { super::attend_unit::<Avx2>(j, kvh, rows, keys, t, dst) }
     }
@@ -465,7 +526,7 @@ mod avx512 {
     use super::*;
     use crate::simd::x86::act::Avx512;
 
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn attend_unit(
         j: &AttendJob,
         kvh: usize,
@@ -474,8 +535,8 @@ mod avx512 {
         t: &mut Tile,
         dst: Dest,
     ) {
-        // SAFETY: this function enables AVX-512 F, AVX2 and FMA, which `Avx512` needs; the rest of
-        // `attend_unit`'s contract is this function's own, passed on by its caller.
+        // SAFETY: this function enables AVX-512 F, AVX2, FMA and F16C, which `Avx512` needs; the
+        // rest of `attend_unit`'s contract is this function's own, passed on by its caller.
         unsafe { super::attend_unit::<Avx512>(j, kvh, rows, keys, t, dst) }
     }
     // The rest is AVX2's: sixteen lanes buy nothing on loops bound by memory.
@@ -757,11 +818,11 @@ mod tests {
     struct EmptyRuns;
 
     impl KvView for EmptyRuns {
-        fn key(&self, _pos: usize) -> &[f32] {
-            &[]
+        fn key_run(&self, _pos: usize, _max: usize) -> KvRows<'_> {
+            KvRows::F32(&[])
         }
-        fn value(&self, _pos: usize) -> &[f32] {
-            &[]
+        fn value_run(&self, _pos: usize, _max: usize) -> KvRows<'_> {
+            KvRows::F32(&[])
         }
     }
 
@@ -821,11 +882,59 @@ mod tests {
     }
 
     impl KvView for Store {
-        fn key(&self, pos: usize) -> &[f32] {
-            &self.0[pos * 64..(pos + 1) * 64]
+        fn key_run(&self, pos: usize, _max: usize) -> KvRows<'_> {
+            KvRows::F32(&self.0[pos * 64..(pos + 1) * 64])
         }
-        fn value(&self, pos: usize) -> &[f32] {
-            &self.1[pos * 64..(pos + 1) * 64]
+        fn value_run(&self, pos: usize, _max: usize) -> KvRows<'_> {
+            KvRows::F32(&self.1[pos * 64..(pos + 1) * 64])
+        }
+    }
+
+    /// Attention over an f16 or q8_0 cache: every instruction set's kernels (which decode a
+    /// tile at a time) give what chapter 3's scalar reference gives (which decodes a piece at
+    /// a time), to f32 rounding.
+    #[test]
+    fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
+        use crate::ch04::ch03::{AttentionOps, KvStore, Scalar};
+        use crate::ch06::cache::ROW_Q8_0;
+        use crate::{CacheTypes, ContiguousCache, Overflow, RowType};
+        // Attention outputs are averages of values of magnitude ~2: summation order moves
+        // them by a few f32 roundings of that.
+        const CLOSE: f32 = 1e-5;
+        let a = Attention {
+            rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
+            ..attention()
+        };
+        let n = 300;
+        let rows = Store::new(n);
+        let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect();
+        for t in [RowType::F16, ROW_Q8_0] {
+            let types = CacheTypes { k: t, v: t };
+            let mut kv = ContiguousCache::try_typed(1, 64, n, Overflow::Error, types).unwrap();
+            kv.reserve(0, 0..n).unwrap();
+            for p in 0..n {
+                let (k, v) = (&rows.0[p * 64..][..64], &rows.1[p * 64..][..64]);
+                kv.store(0, 0, p, k, v);
+            }
+            let view = kv.view(0, 0);
+            let tokens = TokenPos::run(0, n - 40, 40);
+            let q = &q[(n - 40) * a.q_dim()..n * a.q_dim()];
+            let mut want = vec![0.0; 40 * a.q_dim()];
+            Scalar.attend(&a, q, &tokens, &view, &mut want);
+            for isa in [F32Isa::Portable, F32Isa::Avx2, F32Isa::Avx512] {
+                if !isa.is_available() {
+                    continue;
+                }
+                let c = SimdCompute::with_isa(isa, Arc::new(SpinPool::new(2)));
+                let mut got = vec![0.0; want.len()];
+                c.attend(&a, q, &tokens, &view, &mut got);
+                for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                    assert!(
+                        (w - g).abs() <= CLOSE,
+                        "{t} cache, {isa:?}, value {i}: {w} vs {g}"
+                    );
+                }
+            }
         }
     }
 

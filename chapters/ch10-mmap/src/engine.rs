@@ -9,9 +9,9 @@ use crate::mapped::{
 };
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
-    Architectures, ChatTemplate, FastLoader, Finished, ForwardError, GenParams, Generation, Gguf,
-    GgufFile, Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError,
-    Sink, StopReason, Tokenizer, new_pool,
+    Architectures, CacheTypes, ChatTemplate, FastLoader, Finished, ForwardError, GenParams,
+    Generation, Gguf, GgufFile, Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig,
+    SchedulerError, Sink, StopReason, Tokenizer, new_pool,
 };
 use serde_json::{Map, Value, json};
 use std::error::Error;
@@ -45,6 +45,9 @@ pub struct EngineArgs {
     /// The architectures the engine loads: chapter 4's, unless a later chapter hands in a
     /// bigger set.
     pub archs: Architectures,
+    /// What the KV cache keeps keys and values in (chapter 5's f32 or f16, chapter 6's Q8_0;
+    /// llama.cpp's `--cache-type-k`, `--cache-type-v`). The GPU path keeps its own f32 cache.
+    pub cache: CacheTypes,
 }
 // ANCHOR_END: args
 
@@ -70,6 +73,7 @@ impl EngineArgs {
             no_repack: false,
             gpu: false,
             archs: ch08::architectures(),
+            cache: CacheTypes::F32,
         }
     }
 
@@ -355,6 +359,16 @@ impl<'m> Scheduled<'m> {
     /// model's run context ([`Model::n_ctx`], which `--ctx` sets), running up to `parallel`
     /// requests at once.
     pub fn new(engine: &'m Engine, n_ctx: usize, parallel: usize) -> Result<Self, Box<dyn Error>> {
+        Self::with_cache(engine, n_ctx, parallel, CacheTypes::F32)
+    }
+
+    /// [`Scheduled::new`] with the cache keeping keys and values in `cache`.
+    pub fn with_cache(
+        engine: &'m Engine,
+        n_ctx: usize,
+        parallel: usize,
+        cache: CacheTypes,
+    ) -> Result<Self, Box<dyn Error>> {
         let model_ctx = engine.model.n_ctx();
         if n_ctx == 0 || n_ctx > model_ctx {
             return Err(format!(
@@ -369,6 +383,7 @@ impl<'m> Scheduled<'m> {
             block_size: BLOCK_SIZE,
             n_blocks: n_ctx.div_ceil(BLOCK_SIZE),
             prefix_cache: true,
+            cache,
         };
         Ok(Scheduled {
             scheduler: Scheduler::new(&engine.model, &engine.tokenizer, config)?,
@@ -487,7 +502,7 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     if !g.json {
         eprintln!("{}", engine.describe(&path));
     }
-    let mut runner = Scheduled::new(&engine, engine.model.n_ctx(), 1)?;
+    let mut runner = Scheduled::with_cache(&engine, engine.model.n_ctx(), 1, args.cache)?;
     cli::drive(
         g,
         &engine.tokenizer,

@@ -67,6 +67,8 @@ pub struct ServeArgs {
     pub body_limit: usize,
     /// Keep every weight a view of the mapped file (no repacking for chapter 8's micro-kernel).
     pub no_repack: bool,
+    /// What the shared KV cache keeps keys and values in (`--cache-type-k`, `--cache-type-v`).
+    pub cache: ch10::CacheTypes,
     /// The architectures the server loads: chapter 4's, unless a later chapter hands in a
     /// bigger set.
     pub archs: ch10::Architectures,
@@ -90,6 +92,7 @@ impl Default for ServeArgs {
             timeout: 600,
             body_limit: 8 << 20,
             no_repack: false,
+            cache: ch10::CacheTypes::F32,
             archs: ch10::architectures(),
         }
     }
@@ -176,6 +179,7 @@ pub fn load_observed(
         block_size: BLOCK_SIZE,
         n_blocks: kv_size.div_ceil(BLOCK_SIZE),
         prefix_cache: true,
+        cache: args.cache,
     };
     let model_id = args.alias.clone().unwrap_or_else(|| {
         let name = path

@@ -350,7 +350,7 @@ fn greedy_answers_equal_the_finished_engines() {
         sampler: SamplerParams::greedy(),
         stop: vec![],
     };
-    let mut runner = Scheduled::new(engine, engine.model.n_ctx(), 1).unwrap();
+    let mut runner = Scheduled::with_cache(engine, engine.model.n_ctx(), 1, a.cache).unwrap();
 
     let prompt = "The three most important inventions in history are";
     let ids = engine.tokenizer.encode(prompt, true, true);

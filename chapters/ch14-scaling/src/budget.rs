@@ -12,13 +12,14 @@
 //! | mapped rows | the token embeddings, read one row per token | only the rows touched |
 //! | read copy | the whole file, with `--no-mmap` | always |
 //! | small tensors | norms and biases, decoded to f32 | always |
-//! | KV cache | layers × positions × K/V width × 2 × 4 bytes | as positions fill |
+//! | KV cache | layers × positions × (a K row + a V row of the cache types: 4 bytes a value in f32, 2 in f16, 34/32 in q8_0) | as positions fill |
 //! | runtime | activations of a 256-token batch, logits, tokenizer | always |
 //!
 //! Since chapter 10 releases the mapped pages of every matrix it repacks, the weights are
 //! resident once, whichever form they take.
 
-use crate::ch01::{Config, Gguf};
+use crate::CacheTypes;
+use crate::ch01::{Config, GgmlType, Gguf};
 use crate::ch08::gemm::PackedMatrix;
 use crate::engine::MAX_BATCH_TOKENS;
 use std::fmt;
@@ -40,8 +41,10 @@ pub struct Budget {
     pub read_copy: u64,
     /// Norms and biases, decoded to f32.
     pub small: u64,
-    /// The KV cache for `n_ctx` positions, f32.
+    /// The KV cache for `n_ctx` positions, in `cache`'s types.
     pub kv_cache: u64,
+    /// What the KV cache keeps keys and values in.
+    pub cache: CacheTypes,
     /// Activations of one batch, logits, the tokenizer: an estimate (see [`runtime_bytes`]).
     pub runtime: u64,
     /// While loading, the file's pages of the matrix being repacked, released once it is:
@@ -83,8 +86,19 @@ fn product(factors: &[u64]) -> u64 {
 
 impl Budget {
     /// The budget of running the model `gguf` (configuration `c`) with a KV cache of `n_ctx`
-    /// positions, its weights held as `holding` says.
-    pub fn plan(gguf: &Gguf, c: &Config, n_ctx: usize, holding: Holding) -> Budget {
+    /// positions in `cache`'s types, its weights held as `holding` says.
+    pub fn plan(
+        gguf: &Gguf,
+        c: &Config,
+        n_ctx: usize,
+        cache: CacheTypes,
+        holding: Holding,
+    ) -> Budget {
+        // A width that is not whole blocks of the types is refused when the cache is made;
+        // counted as f32 until then.
+        let position = cache
+            .position_bytes(c.kv_dim())
+            .unwrap_or(c.kv_dim().saturating_mul(8)) as u64;
         let mut b = Budget {
             file_weights: 0,
             repacked: 0,
@@ -92,7 +106,8 @@ impl Budget {
             mapped_rows: 0,
             read_copy: 0,
             small: 0,
-            kv_cache: product(&[c.n_layer as u64, n_ctx as u64, c.kv_dim() as u64, 2, 4]),
+            kv_cache: product(&[c.n_layer as u64, n_ctx as u64, position]),
+            cache,
             runtime: runtime_bytes(c),
             load_transient: 0,
             n_ctx,
@@ -185,12 +200,22 @@ impl fmt::Display for DoesNotFit {
         write!(
             f,
             "the model and its context need {} of memory, and {} is available:\n{b}\n\
-             To fit: a smaller --ctx (the KV cache is {} for {} positions)",
+             To fit: a smaller --ctx (the KV cache is {} for {} positions in {})",
             gb(b.peak()),
             gb(self.available),
             gb(b.kv_cache),
-            b.n_ctx
+            b.n_ctx,
+            b.cache
         )?;
+        if [b.cache.k, b.cache.v]
+            .iter()
+            .any(|t| t.ty == GgmlType::F32 || t.ty == GgmlType::F16)
+        {
+            write!(
+                f,
+                ",\na smaller KV cache type (--cache-type-k q8_0 --cache-type-v q8_0)"
+            )?;
+        }
         if b.read_copy > 0 && b.repacked > 0 {
             write!(
                 f,
@@ -210,12 +235,13 @@ pub fn gb(bytes: u64) -> String {
 
 impl fmt::Display for Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kv = format!("KV cache ({})", self.cache);
         let rows = [
             ("weights repacked (private copy)", self.repacked),
             ("weights mapped, read every token", self.mapped_read),
             ("weights read into memory (--no-mmap)", self.read_copy),
             ("norms and biases (f32)", self.small),
-            ("KV cache (f32)", self.kv_cache),
+            (kv.as_str(), self.kv_cache),
             ("activations, logits, tokenizer (est.)", self.runtime),
         ];
         for (what, bytes) in rows.iter().filter(|r| r.1 > 0) {
@@ -287,6 +313,7 @@ mod tests {
             read_copy: 0,
             small: 1_000_000,
             kv_cache: 1_073_741_824,
+            cache: CacheTypes::F32,
             runtime: 200_000_000,
             load_transient: 400_000_000,
             n_ctx: 4096,

@@ -14,7 +14,10 @@
 //!
 //! And in earlier chapters, through their own seams: chapter 10's loader releases the mapped
 //! pages of every matrix chapter 8 repacks ([`ReleasePages`]), so the weights are in memory
-//! once, not twice; chapter 8 packs a matrix's row groups in parallel.
+//! once, not twice; chapter 8 packs a matrix's row groups in parallel. And the KV cache keeps
+//! keys and values in f16 or q8_0 (llama.cpp's `--cache-type-k`, `--cache-type-v`): chapter
+//! 3's `KvRows`, chapter 5's `RowType`, chapter 6's `ROW_Q8_0`, chapter 8's attention reading
+//! the encoded rows a tile at a time.
 
 pub mod budget;
 pub mod large;

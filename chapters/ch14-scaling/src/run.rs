@@ -31,7 +31,10 @@ pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
         mapped: !args.no_mmap,
         repack: args.repacks(),
     };
-    Ok(Budget::plan(&file.gguf, &config, n_ctx, holding))
+    args.cache.check_head_dim(config.head_dim)?;
+    Ok(Budget::plan(
+        &file.gguf, &config, n_ctx, args.cache, holding,
+    ))
 }
 
 // ANCHOR: run
@@ -52,11 +55,12 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
     }
     if !args.engine.generation.json {
         eprintln!(
-            "memory: {} resident at {} positions ({} weights, {} KV cache)",
+            "memory: {} resident at {} positions ({} weights, {} KV cache in {})",
             gb(budget.resident()),
             budget.n_ctx,
             gb(budget.weights()),
-            gb(budget.kv_cache)
+            gb(budget.kv_cache),
+            budget.cache
         );
     }
     engine::run(&args.engine)

@@ -36,6 +36,8 @@ pub fn args() -> ServeArgs {
         timeout: 600,
         body_limit: 1 << 20,
         no_repack: false,
+        // The flags' default, llama-server's: keys and values in f16.
+        cache: ch11::ch10::CacheTypes::F16,
         archs: ch11::architectures(),
     }
 }

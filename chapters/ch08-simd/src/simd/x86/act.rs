@@ -9,7 +9,7 @@
 //! model uses; the tests check it against `f32::exp`.
 //!
 //! # Safety
-//! Every function needs AVX2 and FMA enabled by the caller; [`Avx512`]'s also AVX-512 F.
+//! Every function needs AVX2, FMA and F16C enabled by the caller; [`Avx512`]'s also AVX-512 F.
 
 use super::*;
 use crate::simd::F32Simd;
@@ -389,6 +389,45 @@ impl F32Simd for Avx2 {
             }
         }
     }
+
+    #[inline(always)]
+    unsafe fn f16_to_f32(x: &[u8], out: &mut [f32]) {
+        let n = out.len().min(x.len() / 2);
+        let (px, po) = (x.as_ptr(), out.as_mut_ptr());
+        // SAFETY: every load reads the 16 bytes of eight f16 at `2i` and every store writes
+        // eight f32 at `i`, with `i + 8 <= n` and `n` within both slices; F16C is enabled with
+        // the caller's AVX2 (every entry point of this chapter enables them together).
+        unsafe {
+            let mut i = 0;
+            while i + 8 <= n {
+                let h = _mm_loadu_si128(px.add(2 * i) as *const __m128i);
+                _mm256_storeu_ps(po.add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+            while i < n {
+                out[i] = half::f16::from_le_bytes([x[2 * i], x[2 * i + 1]]).to_f32();
+                i += 1;
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn q8_0_to_f32(x: &[u8], out: &mut [f32]) {
+        for (b, o) in x.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            // SAFETY: `b` is 34 bytes and `o` 32 floats: four loads of eight codes at `2 + 8j`
+            // and four stores of eight floats at `8j`, `j < 4`, stay inside them. AVX2 is
+            // enabled by the caller.
+            unsafe {
+                let vd = _mm256_set1_ps(d);
+                for j in 0..4 {
+                    let q = _mm_loadl_epi64(b.as_ptr().add(2 + 8 * j) as *const __m128i);
+                    let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                    _mm256_storeu_ps(o.as_mut_ptr().add(8 * j), _mm256_mul_ps(f, vd));
+                }
+            }
+        }
+    }
 }
 
 /// AVX-512 F: the attention kernels on sixteen lanes; everything else as [`Avx2`] (which an
@@ -518,6 +557,16 @@ impl F32Simd for Avx512 {
     unsafe fn add(x: &mut [f32], y: &[f32]) {
         // SAFETY: as in `dot`.
         unsafe { Avx2::add(x, y) }
+    }
+    #[inline(always)]
+    unsafe fn f16_to_f32(x: &[u8], out: &mut [f32]) {
+        // SAFETY: as in `dot`, with the F16C every caller enables too.
+        unsafe { Avx2::f16_to_f32(x, out) }
+    }
+    #[inline(always)]
+    unsafe fn q8_0_to_f32(x: &[u8], out: &mut [f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::q8_0_to_f32(x, out) }
     }
 
     #[inline(always)]

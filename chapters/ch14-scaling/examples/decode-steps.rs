@@ -1,0 +1,148 @@
+//! What a decode step costs as the number of sequences in it grows, against what the same
+//! number of prompt tokens costs.
+//!
+//! A decode step over `n` sequences reads every weight once, as a prompt chunk of `n` tokens
+//! does, so ideally it costs what `n` prompt tokens cost. This example measures both with the
+//! finished engine's pieces: chapter 7's scheduler running `n` requests (distinct prompts, no
+//! prefix cache) until every one is decoding, then the median time of a step in which all `n`
+//! decode; and one prompt of `--prompt-tokens` tokens in one forward pass on a fresh cache
+//! (the prefill rate). It prints, per `n`: the step's time, the aggregate decode rate, each
+//! stream's time between tokens (the step's), and the aggregate as a fraction of the prefill
+//! rate.
+//!
+//! ```sh
+//! cargo run --release -p ch14 --example decode-steps -- [--model PATH] [--threads 2] \
+//!     [--seqs 1,2,4,8,16,32] [--steps 24]
+//! ```
+
+use ch14::engine::{Engine, LoadMode};
+use ch14::mapped::MapOptions;
+use ch14::{
+    Batch, CacheTypes, FastLoader, GenParams, PagedCache, PoolKind, Request, SamplerParams,
+    Scheduler, SchedulerConfig, new_pool,
+};
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser)]
+struct Cli {
+    /// GGUF model file (default: the default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Threads.
+    #[arg(long, short = 't', default_value_t = ch14::cli::default_threads())]
+    threads: usize,
+    /// Sequence counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    seqs: Vec<usize>,
+    /// Decode steps timed per count (all sequences decoding).
+    #[arg(long, default_value_t = 24)]
+    steps: usize,
+    /// Tokens of each request's prompt, and of the prefill measurement.
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    let path = match &cli.model {
+        Some(p) => p.clone(),
+        None => shared::default_model_path()?,
+    };
+    let archs = ch14::architectures();
+    let fast = FastLoader::new(new_pool(PoolKind::Spin, cli.threads));
+    let engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast, &archs)?;
+    let model = &engine.model;
+    let vocab = model.config.vocab_size as u32;
+    // Distinct prompts: token ids spread over the vocabulary, a different start per sequence.
+    let prompt = |s: usize| -> Vec<u32> {
+        (0..cli.prompt_tokens)
+            .map(|i| ((s * 7919 + i * 104_729 + 1000) as u32) % vocab)
+            .collect()
+    };
+
+    // The prefill rate: one prompt, one forward pass, a fresh f16 cache; best of three.
+    let n_prefill = cli.prompt_tokens.max(*cli.seqs.iter().max().unwrap_or(&1));
+    let ids = prompt(0)
+        .into_iter()
+        .cycle()
+        .take(n_prefill)
+        .collect::<Vec<_>>();
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let mut kv = PagedCache::try_typed(
+            model.config.n_layer,
+            model.attention.kv_dim(),
+            16,
+            n_prefill.div_ceil(16),
+            CacheTypes::F16,
+        )?;
+        let batch = Batch::sequence(0, &ids, 0, false);
+        let t = Instant::now();
+        model.forward(&batch, &mut kv, &mut ch14::NoObserver)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let prefill = n_prefill as f64 / best;
+    println!(
+        "{}: {} threads, prefill {:.1} tok/s ({n_prefill} tokens in one pass)",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        cli.threads,
+        prefill
+    );
+    // A step gives every stream one token: its time is each stream's time between tokens.
+    println!(
+        "| sequences | step (time between tokens), ms | decode tok/s, all streams | ÷ prefill |"
+    );
+    println!("|---|---|---|---|");
+
+    for &n in &cli.seqs {
+        let config = SchedulerConfig {
+            max_batch_tokens: 256.max(n),
+            max_running: n,
+            block_size: 16,
+            n_blocks: n * (cli.prompt_tokens + 2 * cli.steps + 32).div_ceil(16),
+            prefix_cache: false,
+            cache: CacheTypes::F16,
+        };
+        let mut sched = Scheduler::new(model, &engine.tokenizer, config)?;
+        for s in 0..n {
+            sched.submit(Request {
+                prompt: prompt(s),
+                params: GenParams {
+                    max_tokens: 2 * cli.steps + 16,
+                    // Sampled, so that a sequence rarely ends early; steps where one has
+                    // ended are not counted.
+                    sampler: SamplerParams {
+                        seed: s as u64,
+                        ..SamplerParams::default()
+                    },
+                    stop: vec![],
+                },
+            })?;
+        }
+        let mut times = Vec::new();
+        while times.len() < cli.steps && !sched.is_idle() {
+            let t = Instant::now();
+            let r = sched.step(&mut ())?;
+            let dt = t.elapsed().as_secs_f64();
+            if r.n_decode == n && r.n_tokens == n {
+                times.push(dt);
+            }
+        }
+        if times.is_empty() {
+            println!("| {n} | (no step with all {n} decoding) | | |");
+            continue;
+        }
+        times.sort_by(f64::total_cmp);
+        let step = times[times.len() / 2];
+        let rate = n as f64 / step;
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.2} |",
+            step * 1e3,
+            rate,
+            rate / prefill
+        );
+    }
+    Ok(())
+}
