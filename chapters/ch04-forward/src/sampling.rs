@@ -217,6 +217,7 @@ pub struct Sampler {
     pub params: SamplerParams,
     rng: StdRng,
     candidates: Vec<Candidate>,
+    penalised: Vec<f32>, // (vocab): the logits after the repetition penalty
 }
 
 impl Sampler {
@@ -226,6 +227,7 @@ impl Sampler {
             params,
             rng,
             candidates: Vec::new(),
+            penalised: Vec::new(),
         }
     }
 
@@ -239,15 +241,22 @@ impl Sampler {
             // it, so the chain is an argmax; no copy of the logits, no candidate list.
             return argmax(logits) as u32;
         }
-        let mut logits = logits.to_vec();
-        repeat_penalty(&mut logits, history, p.repeat_last_n, p.repeat_penalty);
+        let logits = if penalised {
+            // The penalty changes logits: on a copy, kept from call to call.
+            self.penalised.clear();
+            self.penalised.extend_from_slice(logits);
+            repeat_penalty(
+                &mut self.penalised,
+                history,
+                p.repeat_last_n,
+                p.repeat_penalty,
+            );
+            &self.penalised[..]
+        } else {
+            logits
+        };
         let c = &mut self.candidates;
-        c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &logit)| Candidate {
-            id: i as u32,
-            logit,
-            p: 0.0,
-        }));
+        gather_top_k(logits, p.top_k, c);
         top_k(c, p.top_k);
         top_p(c, p.top_p);
         min_p(c, p.min_p);
@@ -274,6 +283,35 @@ impl Sampler {
         )
     }
     // ANCHOR_END: sample
+}
+
+/// Into `c`, the candidates that can survive [`top_k`]`(k)`: every token when `k` is 0 or
+/// covers the vocabulary, else a set holding the `k` highest logits, found in one pass over
+/// the logits without making a candidate of every token (a vocabulary is 50–250k tokens, `k`
+/// is 40 by default). Candidates collect in a buffer of `2k`; when it is full it keeps its `k`
+/// highest, and from then on only a logit above the lowest of those gets in.
+fn gather_top_k(logits: &[f32], k: usize, c: &mut Vec<Candidate>) {
+    let candidate = |(i, &logit): (usize, &f32)| Candidate {
+        id: i as u32,
+        logit,
+        p: 0.0,
+    };
+    c.clear();
+    if k == 0 || k >= logits.len() {
+        c.extend(logits.iter().enumerate().map(candidate));
+        return;
+    }
+    let mut floor: Option<f32> = None; // the k-th highest logit so far, once the buffer filled
+    for x in logits.iter().enumerate() {
+        if floor.is_some_and(|f| x.1.total_cmp(&f).is_le()) {
+            continue;
+        }
+        c.push(candidate(x));
+        if c.len() == 2 * k {
+            top_k(c, k);
+            floor = c.iter().map(|c| c.logit).min_by(f32::total_cmp);
+        }
+    }
 }
 
 /// The index of the largest value (the first one on ties; 0 for an empty slice).
@@ -347,6 +385,36 @@ mod tests {
         let mut c = cands(&[0.3, 5.0, -2.0, 4.0, 1.0, 4.5]);
         top_k(&mut c, 3);
         assert_eq!(ids(&c), [1, 3, 5]);
+    }
+
+    /// The one-pass gathering keeps the same logits as a candidate per token then `top_k`,
+    /// for every `k`, with ties (logits from a few values) and without.
+    #[test]
+    fn gathering_the_top_k_in_one_pass_keeps_the_k_largest() {
+        let mut x = 7u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for values in [1000, 7] {
+            let logits: Vec<f32> = (0..5000).map(|_| (next() % values) as f32 * 0.25).collect();
+            for k in [1, 2, 3, 40, 999, 4999, 5000, 0] {
+                let mut all = cands(&logits);
+                top_k(&mut all, k);
+                let mut fast = Vec::new();
+                super::gather_top_k(&logits, k, &mut fast);
+                top_k(&mut fast, k);
+                let sorted = |c: &[Candidate]| {
+                    let mut l: Vec<f32> = c.iter().map(|c| c.logit).collect();
+                    l.sort_by(f32::total_cmp);
+                    l
+                };
+                assert_eq!(sorted(&fast), sorted(&all), "k {k}, {values} values");
+                assert!(fast.iter().all(|c| logits[c.id as usize] == c.logit));
+            }
+        }
     }
 
     #[test]

@@ -5,10 +5,9 @@
 //! does, so ideally it costs what `n` prompt tokens cost. This example measures both with the
 //! finished engine's pieces: chapter 7's scheduler running `n` requests (distinct prompts, no
 //! prefix cache) until every one is decoding, then the median time of a step in which all `n`
-//! decode; and one prompt of `--prompt-tokens` tokens in one forward pass on a fresh cache
-//! (the prefill rate). It prints, per `n`: the step's time, the aggregate decode rate, each
-//! stream's time between tokens (the step's), and the aggregate as a fraction of the prefill
-//! rate.
+//! decode; and one prompt of `n` tokens in one forward pass on a fresh cache. It prints, per
+//! `n`: the step's time (each stream's time between tokens), the aggregate decode rate, the
+//! prompt's time, and their ratio (1 would be a step costing what its tokens cost as a prompt).
 //!
 //! ```sh
 //! cargo run --release -p ch14 --example decode-steps -- [--model PATH] [--threads 2] \
@@ -39,7 +38,10 @@ struct Cli {
     /// Decode steps timed per count (all sequences decoding).
     #[arg(long, default_value_t = 24)]
     steps: usize,
-    /// Tokens of each request's prompt, and of the prefill measurement.
+    /// Sample greedily (the default samples at llama.cpp's default settings, seeded).
+    #[arg(long)]
+    greedy: bool,
+    /// Tokens of each request's prompt.
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
 }
@@ -62,39 +64,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
 
-    // The prefill rate: one prompt, one forward pass, a fresh f16 cache; best of three.
-    let n_prefill = cli.prompt_tokens.max(*cli.seqs.iter().max().unwrap_or(&1));
-    let ids = prompt(0)
-        .into_iter()
-        .cycle()
-        .take(n_prefill)
-        .collect::<Vec<_>>();
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let mut kv = PagedCache::try_typed(
-            model.config.n_layer,
-            model.attention.kv_dim(),
-            16,
-            n_prefill.div_ceil(16),
-            CacheTypes::F16,
-        )?;
-        let batch = Batch::sequence(0, &ids, 0, false);
-        let t = Instant::now();
-        model.forward(&batch, &mut kv, &mut ch14::NoObserver)?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let prefill = n_prefill as f64 / best;
+    // What `n` prompt tokens cost: one prompt of `n` tokens, one forward pass, a fresh f16
+    // cache; best of three.
+    let prefill_ms = |n: usize, logits: bool| -> Result<f64, Box<dyn std::error::Error>> {
+        let ids: Vec<u32> = prompt(0).into_iter().cycle().take(n).collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let mut kv = PagedCache::try_typed(
+                model.config.n_layer,
+                model.attention.kv_dim(),
+                16,
+                n.div_ceil(16),
+                CacheTypes::F16,
+            )?;
+            let batch = Batch::sequence(0, &ids, 0, logits);
+            let t = Instant::now();
+            model.forward(&batch, &mut kv, &mut ch14::NoObserver)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best * 1e3)
+    };
     println!(
-        "{}: {} threads, prefill {:.1} tok/s ({n_prefill} tokens in one pass)",
+        "{}: {} threads",
         path.file_name().unwrap_or_default().to_string_lossy(),
         cli.threads,
-        prefill
     );
     // A step gives every stream one token: its time is each stream's time between tokens.
     println!(
-        "| sequences | step (time between tokens), ms | decode tok/s, all streams | ÷ prefill |"
+        "| sequences | decode step, ms | decode tok/s, all streams | a prompt of as many tokens, ms \
+         | step ÷ prompt | the prompt with every row's logits, ms |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
 
     for &n in &cli.seqs {
         let config = SchedulerConfig {
@@ -113,9 +113,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     max_tokens: 2 * cli.steps + 16,
                     // Sampled, so that a sequence rarely ends early; steps where one has
                     // ended are not counted.
-                    sampler: SamplerParams {
-                        seed: s as u64,
-                        ..SamplerParams::default()
+                    sampler: if cli.greedy {
+                        SamplerParams::greedy()
+                    } else {
+                        SamplerParams {
+                            seed: s as u64,
+                            ..SamplerParams::default()
+                        }
                     },
                     stop: vec![],
                 },
@@ -131,17 +135,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         if times.is_empty() {
-            println!("| {n} | (no step with all {n} decoding) | | |");
+            println!("| {n} | (no step with all {n} decoding) | | | | |");
             continue;
         }
         times.sort_by(f64::total_cmp);
-        let step = times[times.len() / 2];
-        let rate = n as f64 / step;
+        let step = times[times.len() / 2] * 1e3;
+        let (prompt, all) = (prefill_ms(n, false)?, prefill_ms(n, true)?);
         println!(
-            "| {n} | {:.1} | {:.1} | {:.2} |",
-            step * 1e3,
-            rate,
-            rate / prefill
+            "| {n} | {step:.1} | {:.1} | {prompt:.1} | {:.2} | {all:.1} |",
+            n as f64 / step * 1e3,
+            step / prompt
         );
     }
     Ok(())
