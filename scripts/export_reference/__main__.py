@@ -62,10 +62,10 @@ def describe(rel: str) -> str:
         return f"synthetic variant {m[1]}: greedy continuation, top-k logits per decode step"
     if rel == "large/models.json":
         return "chapter 14's generated large models (two layers, full width): recipe, file " \
-            "sha256, prompt and llama.cpp's greedy continuation"
+            "sha256, prompt and llama.cpp's greedy continuations (f32, f16 and q8_0 KV caches)"
     if m := re.fullmatch(r"large/([\w-]+)\.safetensors", rel):
         return f"generated model {m[1]}: prompt ids, llama.cpp's logits after the prompt, " \
-            "its greedy continuation"
+            "its greedy continuation; the same with its KV cache in f16 and in q8_0"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
         return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
