@@ -24,14 +24,6 @@ pub enum KvRows<'a> {
 }
 
 impl<'a> KvRows<'a> {
-    /// The type the rows are kept in.
-    pub fn ty(&self) -> GgmlType {
-        match self {
-            KvRows::F32(_) => GgmlType::F32,
-            KvRows::Encoded { ty, .. } => *ty,
-        }
-    }
-
     /// How many rows of `width` values this run holds.
     pub fn len(&self, width: usize) -> usize {
         match self {

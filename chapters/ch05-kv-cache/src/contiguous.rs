@@ -6,7 +6,7 @@
 //! would be three times as much. Kept in f16 ([`CacheTypes::F16`], llama.cpp's default) it
 //! is half that.
 
-use crate::rows::{CacheTypes, RowBuf, kv_rows};
+use crate::rows::{CacheTypes, RowBuf, kv_buffers};
 use ch04::ch03::kv::{KvError, KvRows, KvStore, KvView};
 
 /// What happens when the cache is full.
@@ -79,7 +79,7 @@ impl ContiguousCache {
         overflow: Overflow,
         types: CacheTypes,
     ) -> Result<ContiguousCache, KvError> {
-        let rows = kv_rows(
+        let (k, v) = kv_buffers(
             &format!("a KV cache of {capacity} positions"),
             &[("layers", n_layer), ("positions", capacity)],
             kv_dim,
@@ -91,8 +91,8 @@ impl ContiguousCache {
             capacity,
             overflow,
             types,
-            k: RowBuf::new(types.k, rows, kv_dim),
-            v: RowBuf::new(types.v, rows, kv_dim),
+            k,
+            v,
             len: 0,
         })
     }

@@ -17,7 +17,7 @@
 //! uses (its last, partly filled block after a fork), it first gets a private copy
 //! (copy-on-write). Full shared blocks are never copied.
 
-use crate::rows::{CacheTypes, RowBuf, kv_rows};
+use crate::rows::{CacheTypes, RowBuf, kv_buffers};
 use ch04::ch03::kv::{KvError, KvRows, KvStore, KvView};
 
 /// Index of a block in the pool.
@@ -129,7 +129,7 @@ impl PagedCache {
         n_blocks: usize,
         types: CacheTypes,
     ) -> Result<PagedCache, KvError> {
-        let rows = kv_rows(
+        let (k, v) = kv_buffers(
             &format!("a paged KV cache of {n_blocks} blocks"),
             &[
                 ("blocks", n_blocks),
@@ -144,8 +144,8 @@ impl PagedCache {
             kv_dim,
             block_size,
             types,
-            k: RowBuf::new(types.k, rows, kv_dim),
-            v: RowBuf::new(types.v, rows, kv_dim),
+            k,
+            v,
             allocator: BlockAllocator::new(n_blocks),
             tables: Vec::new(),
         })

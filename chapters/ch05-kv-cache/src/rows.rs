@@ -154,12 +154,12 @@ pub(crate) enum RowBuf {
 }
 
 impl RowBuf {
-    /// `rows` rows of `width` values; the caller has checked the size (`kv_rows`).
+    /// `rows` rows of `width` values; the caller has checked the size (`kv_buffers`).
     pub(crate) fn new(ty: RowType, rows: usize, width: usize) -> RowBuf {
         match ty.ty {
             GgmlType::F32 => RowBuf::F32(vec![0.0; rows * width]),
             _ => {
-                let row_bytes = ty.row_bytes(width).expect("checked by kv_rows");
+                let row_bytes = ty.row_bytes(width).expect("checked by kv_buffers");
                 RowBuf::Encoded {
                     ty,
                     row_bytes,
@@ -218,15 +218,15 @@ impl RowBuf {
     }
 }
 
-/// Rows in each of a cache's K and V buffers: the product of `dims`, checked for overflow
-/// and against the machine's memory (a K row and a V row of `kv_dim` values per row counted)
-/// before anything is allocated.
-pub(crate) fn kv_rows(
+/// A cache's K and V buffers of `dims` rows (their product) of `kv_dim` values in `types`,
+/// the size checked for overflow and against the machine's memory (a K row and a V row per
+/// row counted) before anything is allocated.
+pub(crate) fn kv_buffers(
     what: &str,
     dims: &[(&str, usize)],
     kv_dim: usize,
     types: CacheTypes,
-) -> Result<usize, KvError> {
+) -> Result<(RowBuf, RowBuf), KvError> {
     let per_row = types.position_bytes(kv_dim).ok_or_else(|| {
         KvError::Other(format!(
             "{what}: rows of {kv_dim} values are not whole blocks of its cache type ({types})"
@@ -234,9 +234,12 @@ pub(crate) fn kv_rows(
     })?;
     let mut factors: Vec<(&str, u64)> = dims.iter().map(|&(n, v)| (n, v as u64)).collect();
     factors.push(("bytes per K and V row", per_row as u64));
-    let bytes =
-        shared::memory::checked_bytes(what, &factors).map_err(|e| KvError::Other(e.to_string()))?;
-    Ok((bytes / per_row.max(1) as u64) as usize)
+    shared::memory::checked_bytes(what, &factors).map_err(|e| KvError::Other(e.to_string()))?;
+    let rows = dims.iter().map(|d| d.1).product(); // no overflow: checked above
+    Ok((
+        RowBuf::new(types.k, rows, kv_dim),
+        RowBuf::new(types.v, rows, kv_dim),
+    ))
 }
 
 #[cfg(test)]
@@ -258,12 +261,12 @@ mod tests {
     }
 
     #[test]
-    fn a_head_that_splits_a_block_is_refused() {
-        let mut q8 = CacheTypes::F16;
-        q8.k.ty = GgmlType::Q8_0;
-        assert!(q8.check_head_dim(64).is_ok());
-        let e = q8.check_head_dim(48).unwrap_err().to_string();
-        assert!(e.contains("48") && e.contains("q8_0"), "{e}");
-        assert!(CacheTypes::F16.check_head_dim(48).is_ok());
+    fn f32_and_f16_rows_take_heads_of_any_size() {
+        for types in [CacheTypes::F32, CacheTypes::F16] {
+            for head_dim in [1, 48, 64, 80, 256] {
+                assert!(types.check_head_dim(head_dim).is_ok());
+            }
+        }
+        assert_eq!(CacheTypes::F16.position_bytes(192), Some(2 * 192 * 2));
     }
 }

@@ -84,6 +84,19 @@ mod tests {
     }
 
     #[test]
+    fn a_q8_0_cache_refuses_heads_that_split_its_blocks() {
+        let q8 = ch05::CacheTypes {
+            k: ROW_Q8_0,
+            v: RowType::F16,
+        };
+        assert!(q8.check_head_dim(64).is_ok());
+        let e = q8.check_head_dim(48).unwrap_err().to_string();
+        assert!(e.contains("48") && e.contains("q8_0 K"), "{e}");
+        assert_eq!(q8.position_bytes(64), Some(2 * 34 + 64 * 2));
+        assert_eq!(q8.position_bytes(48), None);
+    }
+
+    #[test]
     fn cache_types_are_named_as_llama_cpp_names_them() {
         assert_eq!(cache_row_type("q8_0").unwrap(), ROW_Q8_0);
         assert_eq!(cache_row_type("F16").unwrap(), RowType::F16);

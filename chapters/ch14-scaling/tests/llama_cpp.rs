@@ -10,7 +10,7 @@
 //! and 152k tokens. Then again with the KV cache in f16 (llama.cpp's default) and in q8_0,
 //! against llama.cpp's runs with the same cache types.
 
-use ch14::agreement::teacher_forced;
+use ch14::agreement::{check_tie_fraction, teacher_forced};
 use ch14::cache::ROW_Q8_0;
 use ch14::engine::{Engine, LoadMode};
 use ch14::large::{self, Recipe};
@@ -58,7 +58,7 @@ fn generated_large_models_agree_with_llama_cpp_on_both_paths() {
         "reference-data/large/models.json lists too few models"
     );
     let archs = ch14::architectures();
-    let (mut close, mut near_ties) = (0, 0);
+    let (mut steps, mut near_ties) = (0, 0);
     for (id, m) in models {
         let path = built(id, m);
         let want =
@@ -85,17 +85,20 @@ fn generated_large_models_agree_with_llama_cpp_on_both_paths() {
             let a = teacher_forced(&next.data, &ours[(prompt.len() - 1) * vocab..], &cont)
                 .unwrap_or_else(|e| panic!("{id}, {path_name} path, vs llama.cpp: {e}"));
             eprintln!("{id} ({path_name}): {a}, {} close", a.close);
-            close += a.close;
+            steps += a.steps;
             near_ties += a.near_ties;
         }
     }
-    large::check_close_ties(near_ties, close).unwrap_or_else(|e| panic!("{e}"));
+    check_tie_fraction(near_ties, steps).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The cache types llama.cpp's runs in `reference-data/large/` used besides f32, by the names
 /// the safetensors prefix their tensors with.
 const CACHES: [(&str, RowType); 2] = [("f16", RowType::F16), ("q8_0", ROW_Q8_0)];
 
+/// With a smaller cache both engines round keys and values, each its own way (llama.cpp also
+/// rounds the queries to the cache's type), so more close steps flip than in f32: chapter 6's
+/// bound on near-ties among all steps gives way to [`large::MAX_TIE_FRACTION_OF_CLOSE`].
 #[test]
 fn generated_large_models_agree_with_llama_cpp_with_f16_and_q8_0_caches() {
     let json = refdata::json("large/models.json").unwrap_or_else(|e| panic!("{e}"));

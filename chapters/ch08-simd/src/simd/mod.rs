@@ -65,22 +65,16 @@ pub trait F32Simd {
         }
     }
     /// `out_i` = the little-endian f16 `x[2i..2i + 2]`: a key or value row of an f16 cache.
+    /// By default chapter 1's plain loop.
     #[inline(always)]
     unsafe fn f16_to_f32(x: &[u8], out: &mut [f32]) {
-        for (o, b) in out.iter_mut().zip(x.chunks_exact(2)) {
-            *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-        }
+        crate::ch04::ch03::ch01::dequant::dequantize_row_f16(x, out)
     }
     /// `out` = the Q8_0 blocks in `x` (34 bytes each: an f16 scale `d`, 32 codes `q`; value
-    /// `d·q`): a key or value row of a Q8_0 cache.
+    /// `d·q`): a key or value row of a Q8_0 cache. By default chapter 1's plain loop.
     #[inline(always)]
     unsafe fn q8_0_to_f32(x: &[u8], out: &mut [f32]) {
-        for (b, o) in x.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-            let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-            for (o, &q) in o.iter_mut().zip(&b[2..]) {
-                *o = q as i8 as f32 * d;
-            }
-        }
+        crate::ch04::ch03::ch01::dequant::dequantize_row_q8_0(x, out)
     }
     /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]`. Every row must be exactly as long as
     /// `acc` (part of the safety contract, as for `scores`).
