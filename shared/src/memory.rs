@@ -5,6 +5,9 @@
 //! aborts the process with `memory allocation of … bytes failed`. [`checked_bytes`] multiplies
 //! the factors without overflow and compares the product with the machine's memory first, so
 //! the caller can refuse with an error that names what was asked for.
+//!
+//! Large buffers that are read over and over (packed weights, the KV cache) can also ask to be
+//! backed by 2 MiB pages ([`advise_huge_pages`]).
 
 use std::fmt;
 
@@ -76,6 +79,35 @@ pub fn checked_bytes(what: &str, factors: &[(&str, u64)]) -> Result<u64, TooLarg
             limit,
         }),
     }
+}
+
+/// Buffers at least this large are worth huge pages: one 2 MiB page.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Advise the kernel to back the whole pages of `region` with 2 MiB pages (Linux's transparent
+/// huge pages in `madvise` mode): one TLB entry then covers 2 MiB instead of 4 KiB, and a loop
+/// that streams the buffer stops missing the TLB every 64 lines. Call it before the pages are
+/// first written (a fresh `vec![0; n]` of this size is not touched yet, nor is a `Vec`'s spare
+/// capacity), so that they are huge from the start. Regions under [`HUGE_PAGE`] are left
+/// alone; elsewhere than Linux, or where the kernel says no, nothing changes.
+pub fn advise_huge_pages<T>(region: &mut [T]) {
+    let len = std::mem::size_of_val(region);
+    #[cfg(target_os = "linux")]
+    if len >= HUGE_PAGE {
+        // The whole pages inside the region: `madvise` takes page-aligned ranges, and pages
+        // shared with other allocations are not ours to advise.
+        let page = 4096;
+        let start = (region.as_mut_ptr() as usize).next_multiple_of(page);
+        let end = (region.as_mut_ptr() as usize + len) / page * page;
+        if end > start {
+            // SAFETY: `[start, end)` lies inside `region`, which the caller lends us mutably.
+            // MADV_HUGEPAGE changes how the kernel backs the pages, never their contents; if it
+            // fails (a kernel without THP) nothing changed.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = len;
 }
 
 #[cfg(test)]

@@ -55,6 +55,22 @@ impl TokenPos {
             .map(|pos| TokenPos { seq, pos })
             .collect()
     }
+
+    /// The runs of consecutive tokens of one sequence in `tokens`, in order: each as its
+    /// sequence and its range of indices. A prompt is one run; chapter 7's batches have one
+    /// per sequence.
+    pub fn seq_runs(
+        tokens: &[TokenPos],
+    ) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + '_ {
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            let seq = tokens.get(i)?.seq;
+            let j = i + tokens[i..].iter().take_while(|t| t.seq == seq).count();
+            let run = (seq, i..j);
+            i = j;
+            Some(run)
+        })
+    }
 }
 
 /// The hyperparameters of attention and the RoPE table, shared by every layer.
@@ -359,19 +375,9 @@ impl Attention {
             // materialises: run it, and report.
             return self.attend_observed(layer, q, tokens, kv, obs, attn);
         }
-        // One call per run of consecutive tokens of the same sequence: a prompt is one run;
-        // chapter 7's batches have one run per sequence.
-        let (n, qd) = (tokens.len(), self.q_dim());
-        let mut i = 0;
-        while i < n {
-            let seq = tokens[i].seq;
-            let j = i + tokens[i..].iter().take_while(|t| t.seq == seq).count();
-            let (q, out) = (&q[i * qd..j * qd], &mut attn[i * qd..j * qd]);
-            kv.with_view(layer, seq, &mut |view| {
-                ops.attend(self, q, &tokens[i..j], view, out)
-            });
-            i = j;
-        }
+        // Every sequence of the batch in one call: the default runs one `attend` per run of
+        // consecutive tokens of a sequence; chapter 8 makes them one piece of parallel work.
+        ops.attend_batch(self, layer, q, tokens, kv, attn);
     }
 
     /// Step 5: the output projection of the heads' outputs `s.attn` into `out`

@@ -121,8 +121,9 @@ pub trait KvView: Sync {
     }
 }
 
-/// A store of keys and values for any number of sequences and layers.
-pub trait KvStore {
+/// A store of keys and values for any number of sequences and layers. `Sync`, as its views
+/// are: chapter 8 reads several sequences' views from several threads at once.
+pub trait KvStore: Sync {
     type View<'a>: KvView
     where
         Self: 'a;
@@ -140,7 +141,7 @@ pub trait KvStore {
 /// view's type differs per store). Every `KvStore` is one. Attention's steps take the store
 /// this way, so that code behind a trait object — a model's blocks, whose methods cannot be
 /// generic over the store — can pass whichever store it is given.
-pub trait KvDyn {
+pub trait KvDyn: Sync {
     /// [`KvStore::store`].
     fn store_kv(&mut self, layer: usize, seq: usize, pos: usize, k: &[f32], v: &[f32]);
     /// Call `f` with [`KvStore::view`] of `seq` at `layer`.

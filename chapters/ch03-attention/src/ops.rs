@@ -13,7 +13,7 @@
 //! query rows, by tiles of keys, or as one kernel launch on a GPU.
 
 use crate::attention::{Attention, TokenPos};
-use crate::kv::KvView;
+use crate::kv::{KvDyn, KvView};
 use crate::rope::RopeTable;
 
 // ANCHOR: ops
@@ -53,6 +53,40 @@ pub trait AttentionOps: Send + Sync {
                 &mut probs,
                 &mut out[i * qd..(i + 1) * qd],
             );
+        }
+    }
+
+    /// Attention of a batch's queries `q` (`(n, n_head, head_dim)`) into `out`
+    /// (`(n, n_head, head_dim)`): tokens `tokens` of any number of sequences, each sequence's
+    /// tokens side by side (a prompt, or chapter 7's batch of sequences), whose keys and values
+    /// are in `kv` at `layer`. The default calls [`AttentionOps::attend`] once per run of one
+    /// sequence's tokens; an implementation may run them all as one piece of work (chapter 8
+    /// does, so that a decode step over many sequences is one parallel region, not one each).
+    /// Either way a token's result must not depend on the other sequences of the batch.
+    fn attend_batch(
+        &self,
+        attn: &Attention,
+        layer: usize,
+        q: &[f32],
+        tokens: &[TokenPos],
+        kv: &dyn KvDyn,
+        out: &mut [f32],
+    ) {
+        let qd = attn.q_dim();
+        for (seq, rows) in TokenPos::seq_runs(tokens) {
+            let (q, out) = (
+                &q[rows.start * qd..rows.end * qd],
+                &mut out[rows.start * qd..],
+            );
+            kv.with_view(layer, seq, &mut |view| {
+                self.attend(
+                    attn,
+                    q,
+                    &tokens[rows.clone()],
+                    view,
+                    &mut out[..rows.len() * qd],
+                )
+            });
         }
     }
 

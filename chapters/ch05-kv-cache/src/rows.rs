@@ -157,13 +157,22 @@ impl RowBuf {
     /// `rows` rows of `width` values; the caller has checked the size (`kv_buffers`).
     pub(crate) fn new(ty: RowType, rows: usize, width: usize) -> RowBuf {
         match ty.ty {
-            GgmlType::F32 => RowBuf::F32(vec![0.0; rows * width]),
+            // A fresh zeroed buffer is not touched yet: asked for huge pages now, it gets them
+            // as the cache fills. Attention reads every sequence's rows once per decode step,
+            // from all over the buffer; with 4 KiB pages it misses the TLB every few rows.
+            GgmlType::F32 => {
+                let mut data = vec![0.0; rows * width];
+                shared::memory::advise_huge_pages(&mut data);
+                RowBuf::F32(data)
+            }
             _ => {
                 let row_bytes = ty.row_bytes(width).expect("checked by kv_buffers");
+                let mut data = vec![0; rows * row_bytes];
+                shared::memory::advise_huge_pages(&mut data);
                 RowBuf::Encoded {
                     ty,
                     row_bytes,
-                    data: vec![0; rows * row_bytes],
+                    data,
                 }
             }
         }

@@ -64,10 +64,6 @@ const QK_K: usize = 256;
 /// 178 MB Q8_0 output table (`cargo bench -p ch08 --bench memory`): on huge pages, 1.4–1.6×
 /// the speed without it; 2 KiB and 8 KiB measured no better.
 pub const PREFETCH: usize = 4096;
-
-/// Matrices at least this large are packed into memory that the operating system may back
-/// with 2 MiB pages.
-const HUGE_PAGE: usize = 2 << 20;
 // ANCHOR_END: prefetch
 
 /// A 64-byte line, so packed groups start on a cache line.
@@ -447,28 +443,15 @@ pub fn prefetch_line(line: &Line) {
     let _ = line;
 }
 
-/// `n` zeroed lines. With `huge_pages`, a large buffer is first advised as huge-page memory
-/// (Linux's transparent huge pages, `madvise` mode): one TLB entry then covers 2 MiB of
-/// weights instead of 4 KiB, and a streaming product stops missing the TLB every 64 lines.
-/// The advice is given before the first write, so the pages are huge from the start.
+/// `n` zeroed lines. With `huge_pages`, a buffer of 2 MiB or more is first advised as huge-page
+/// memory (`shared::memory::advise_huge_pages`): one TLB entry then covers 2 MiB of weights
+/// instead of 4 KiB, and a streaming product stops missing the TLB every 64 lines. The advice
+/// is given before the first write, so the pages are huge from the start.
 pub fn zeroed_lines(n: usize, huge_pages: bool) -> Vec<Line> {
     let mut v: Vec<Line> = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    if huge_pages && n * 64 >= HUGE_PAGE {
-        // The whole pages inside the allocation: `madvise` takes page-aligned ranges, and
-        // pages shared with other allocations are not ours to advise.
-        let page = 4096;
-        let start = (v.as_mut_ptr() as usize).next_multiple_of(page);
-        let end = (v.as_mut_ptr() as usize + n * 64) / page * page;
-        if end > start {
-            // SAFETY: `[start, end)` lies inside this vector's allocation of `n · 64` bytes,
-            // which nothing else uses. MADV_HUGEPAGE changes how the kernel backs the pages,
-            // never their contents; if it fails (a kernel without THP) nothing changed.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
+    if huge_pages {
+        shared::memory::advise_huge_pages(&mut v.spare_capacity_mut()[..n]);
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = huge_pages;
     v.resize(n, Line([0; 64]));
     v
 }

@@ -15,6 +15,12 @@
 //! - **Decode** has one query row, so one unit per KV head: too few for the threads. The keys
 //!   are then also split into ranges (flash-decoding): each unit leaves its partial `(m, l,
 //!   acc)`, and a merge combines them, weighting each by `e^(m_s - M)`.
+//! - **A batch of sequences** (chapter 7's decode step: one token each of 16 sequences) is one
+//!   call, [`AttentionOps::attend_batch`]: every sequence's units go into one pool job, each
+//!   unit reading its own sequence's keys through the store, so a layer's attention is one
+//!   parallel region whatever the number of sequences. The rows of a decode step come from all
+//!   over the cache, once each: a unit asks for them two tiles ahead (`prefetcht1`), and chapter
+//!   5's buffers sit on huge pages.
 //! - **RMSNorm, SwiGLU, the residual add** are vector loops; for a prompt their rows are split
 //!   over the threads. SwiGLU's `e^-x` uses a vector `exp` (`simd::x86::act`).
 //! - **RoPE** is the reference's own code, split over tokens: it is exact and cheap.
@@ -27,7 +33,7 @@
 
 use crate::ch04::ch03::ch01::GgmlType;
 use crate::ch04::ch03::ch01::dequant::row_dequantizer;
-use crate::ch04::ch03::{Attention, KvRows, KvView, RopeTable, TokenPos};
+use crate::ch04::ch03::{Attention, KvDyn, KvRows, KvView, RopeTable, TokenPos};
 use crate::ch04::compute::geglu;
 use crate::ch04::{Activation, AttentionOps, Compute};
 use crate::kernels::{Isa, KernelSet};
@@ -230,6 +236,73 @@ enum Dest {
     Partial(Out),
 }
 
+/// One run of an attention call — the consecutive tokens of one sequence — and how its work is
+/// cut into units: query heads of one KV head × a block of [`Q_ROWS`] rows × a segment of
+/// keys. The cut depends on the run alone, never on the rest of the call, so a query's result
+/// is the same bits alone or in any batch.
+struct RunPlan {
+    seq: usize,
+    rows: Range<usize>, // its tokens, indices into the call's
+    first: usize,       // the first position its store holds
+    keys: Range<usize>, // the keys any of its queries sees
+    // The keys are cut into segments at fixed positions, multiples of KEY_SEGMENT, each segment
+    // a unit of work of its own (flash-decoding): a decoded token's keys keep several threads
+    // busy. Fixed positions, not a split chosen by how busy the threads are, so that a query's
+    // result never depends on the other queries of the call, on how its prompt was chunked, or
+    // on the number of threads: a request computes the same bits alone or in any batch
+    // (chapter 11 relies on it).
+    first_seg: usize,    // its first segment
+    splits: usize,       // its segments: with one, units write the output directly
+    units: Range<usize>, // its units, numbered across the call's runs
+    parts: Range<usize>, // where its partials lie when split: `splits` parts of `stride`
+    stride: usize,       // one split's partials, `(rows, n_head, 2 + head_dim)`
+}
+
+/// Lends a run's keys and values to a callback: the one view of a single sequence, or its own
+/// sequence's view from the store.
+type LendView<'a> = dyn Fn(&RunPlan, &mut dyn FnMut(&dyn KvView)) + Sync + 'a;
+
+impl RunPlan {
+    /// The plan of `tokens[rows]` (of sequence `seq`, whose store starts at `first`), its units
+    /// numbered from `units` and its partials placed at `parts`.
+    fn new(
+        attn: &Attention,
+        tokens: &[TokenPos],
+        seq: usize,
+        rows: Range<usize>,
+        first: usize,
+        units: usize,
+        parts: usize,
+    ) -> RunPlan {
+        let (lo, hi) = tokens[rows.clone()]
+            .iter()
+            .fold((usize::MAX, 0), |(lo, hi), t| {
+                let v = attn.visible(t.pos, first);
+                (lo.min(v.start), hi.max(v.end))
+            });
+        let first_seg = lo / KEY_SEGMENT;
+        let splits = if hi > lo {
+            hi.div_ceil(KEY_SEGMENT) - first_seg
+        } else {
+            1
+        };
+        let n_units = attn.n_head_kv * rows.len().div_ceil(Q_ROWS) * splits;
+        let stride = rows.len() * attn.n_head * (2 + attn.head_dim);
+        let n_parts = if splits > 1 { splits * stride } else { 0 };
+        RunPlan {
+            seq,
+            rows,
+            first,
+            keys: lo..hi,
+            first_seg,
+            splits,
+            units: units..units + n_units,
+            parts: parts..parts + n_parts,
+            stride,
+        }
+    }
+}
+
 /// One unit: query heads `kvh·group..(kvh+1)·group` of rows `rows`, against keys `keys`.
 ///
 /// # Safety
@@ -275,10 +348,20 @@ unsafe fn attend_unit<S: F32Simd>(
     kdec.resize(KEY_TILE * hd, 0.0);
     vdec.resize(KEY_TILE * hd, 0.0);
 
+    // Ask for the keys and values ahead of use, two tiles at a time: a decode step reads every
+    // sequence's cache once, rows of one KV head a few lines apart, which the hardware does
+    // not guess soon enough. Into L2 (`prefetcht1`): L1 keeps the decoded tile.
+    let head = kvh * hd..(kvh + 1) * hd;
+    let ahead = |keys: Range<usize>| {
+        prefetch_rows(keys.clone(), head.clone(), kvd, |p, m| j.kv.key_run(p, m));
+        prefetch_rows(keys, head.clone(), kvd, |p, m| j.kv.value_run(p, m));
+    };
+    ahead(lo..hi.min(lo.saturating_add(2 * KEY_TILE)));
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_TILE).min(hi);
         let nt = j1 - j0;
+        ahead((j1 + KEY_TILE).min(hi)..(j1 + 2 * KEY_TILE).min(hi));
         // The key and value rows of the tile, this KV head's part of each: read in place from
         // an f32 cache, decoded once for the whole group of query vectors from any other.
         let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
@@ -370,6 +453,54 @@ unsafe fn attend_unit<S: F32Simd>(
     }
 }
 // ANCHOR_END: attend_unit
+
+/// Ask for part `head` of the rows of positions `keys` to be brought into the cache, read a run
+/// at a time with `run(pos, max)` as [`gather`] reads them.
+#[inline(always)]
+fn prefetch_rows<'a>(
+    keys: Range<usize>,
+    head: Range<usize>,
+    width: usize,
+    run: impl Fn(usize, usize) -> KvRows<'a>,
+) {
+    let mut p = keys.start;
+    while p < keys.end {
+        let r = run(p, keys.end - p);
+        let n = r.len(width).clamp(1, keys.end - p);
+        // The rows' start, the bytes of a row, and the head's bytes within one.
+        let (base, row, part) = match r {
+            KvRows::F32(x) => (
+                x.as_ptr() as *const u8,
+                4 * width,
+                4 * head.start..4 * head.end,
+            ),
+            KvRows::Encoded { ty, bytes } => {
+                let at = |n: usize| ty.row_bytes(n as u64).unwrap_or(0) as usize;
+                (bytes.as_ptr(), at(width), at(head.start)..at(head.end))
+            }
+        };
+        for k in 0..n {
+            let mut o = k * row + part.start;
+            while o < k * row + part.end {
+                prefetch(base.wrapping_add(o));
+                o += 64;
+            }
+        }
+        p += n;
+    }
+}
+
+/// `prefetcht1` of the line at `at`: a hint, which never faults (nothing on other CPUs).
+#[inline(always)]
+fn prefetch(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
 
 /// Fill `rows[..j1 - j0]` with part `head` of the rows of positions `j0..j1`, read a run at a
 /// time with `run(pos, max)` (rows of `width` values side by side): f32 rows in place, encoded
@@ -580,6 +711,8 @@ pub struct SimdCompute {
     /// Partial results of split attention, `(splits, n, n_head, 2 + head_dim)`: kept, so that
     /// decoding allocates nothing.
     partials: Mutex<Vec<f32>>,
+    /// The runs of the current attention call, kept for their capacity.
+    plans: Mutex<Vec<RunPlan>>,
     /// One tile of buffers per thread. Not thread-locals: these are sized by the calling
     /// thread before the work is shared out, so a worker's first unit allocates nothing either.
     tiles: Box<[Mutex<Tile>]>,
@@ -606,6 +739,7 @@ impl SimdCompute {
             isa,
             pool,
             partials: Mutex::new(Vec::new()),
+            plans: Mutex::new(Vec::new()),
             tiles,
         }
     }
@@ -620,6 +754,89 @@ impl SimdCompute {
                 }
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// Attention of the runs `plans` (each the consecutive tokens of one sequence of `tokens`)
+    /// as one pool job: every unit of every run, then the merge of the runs whose keys were
+    /// split. `view(plan, f)` lends `f` the keys and values of a run's sequence.
+    fn attend_plans(
+        &self,
+        attn: &Attention,
+        q: &[f32],
+        tokens: &[TokenPos],
+        plans: &[RunPlan],
+        view: &LendView,
+        out: &mut [f32],
+    ) {
+        let n = tokens.len();
+        let Some(last) = plans.last() else { return };
+        // The units write `out` through a raw pointer: its length is checked here, once.
+        let (qd, hd, n_kvh) = (attn.q_dim(), attn.head_dim, attn.n_head_kv);
+        assert!(
+            q.len() >= n * qd && out.len() >= n * qd,
+            "attend: {n} tokens of {qd} values need that many queries and outputs, got {} and {}",
+            q.len(),
+            out.len()
+        );
+        for t in self.tiles.iter() {
+            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+            t.reserve(Q_ROWS * (attn.n_head / n_kvh), hd, Q_ROWS);
+        }
+        let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            // Room for this call's partials, and at least for a decoded token's at the end of
+            // the context, so that a single sequence's decode steps never allocate.
+            let decode = attn.rope.n_pos().div_ceil(KEY_SEGMENT) * attn.n_head * (2 + hd);
+            let most = last.parts.end.max(decode);
+            let have = parts.len();
+            parts.reserve(most.saturating_sub(have));
+            parts.resize(last.parts.end, 0.0);
+        }
+        let (dst_out, dst_parts) = (Out(out.as_mut_ptr()), Out(parts.as_mut_ptr()));
+        self.pool.run(last.units.end, &|u| {
+            let p = &plans[plans.partition_point(|p| p.units.end <= u)];
+            let u = u - p.units.start;
+            let (s, rest) = (u % p.splits, u / p.splits);
+            let (kvh, rb) = (rest % n_kvh, rest / n_kvh);
+            let rows = rb * Q_ROWS..((rb + 1) * Q_ROWS).min(p.rows.len());
+            let seg = p.first_seg + s;
+            let keys =
+                (seg * KEY_SEGMENT).max(p.keys.start)..((seg + 1) * KEY_SEGMENT).min(p.keys.end);
+            // Each unit writes rows `rows` of its run and heads `kvh·group..(kvh+1)·group`: in
+            // `out` (which holds `n` rows, checked above) when the run's keys are not split, in
+            // split `s`'s part of the run's partials otherwise (`plans` placed each run's
+            // parts inside `parts`, resized above). No two units share a row, head and split.
+            let dst = if p.splits == 1 {
+                // SAFETY: the run's rows start inside `out`.
+                Dest::Out(Out(unsafe { dst_out.ptr().add(p.rows.start * qd) }))
+            } else {
+                // SAFETY: split `s` of the run's partials starts inside `parts`.
+                Dest::Partial(Out(unsafe {
+                    dst_parts.ptr().add(p.parts.start + s * p.stride)
+                }))
+            };
+            view(p, &mut |kv| {
+                let job = AttendJob {
+                    attn,
+                    q: &q[p.rows.start * qd..p.rows.end * qd],
+                    tokens: &tokens[p.rows.clone()],
+                    kv,
+                    first: p.first,
+                };
+                self.with_tile(|t| {
+                    for_isa!(
+                        self.isa,
+                        attend_unit::<S>(&job, kvh, rows.clone(), keys.clone(), t, dst)
+                    )
+                });
+            });
+        });
+        for p in plans.iter().filter(|p| p.splits > 1) {
+            let out = &mut out[p.rows.start * qd..p.rows.end * qd];
+            for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
+                merge(&parts[p.parts.clone()], p.splits, p.stride, idx, o);
+            }
         }
     }
 
@@ -659,99 +876,46 @@ impl AttentionOps for SimdCompute {
         kv: &dyn KvView,
         out: &mut [f32],
     ) {
-        let n = tokens.len();
-        if n == 0 {
-            return;
-        }
-        // The units write `out` through a raw pointer: its length is checked here, once.
-        let qd = attn.q_dim();
-        assert!(
-            q.len() >= n * qd && out.len() >= n * qd,
-            "attend: {n} tokens of {qd} values need that many queries and outputs, got {} and {}",
-            q.len(),
-            out.len()
-        );
-        let first = kv.first();
-        let job = AttendJob {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.clear();
+        plans.push(RunPlan::new(
             attn,
-            q,
             tokens,
-            kv,
-            first,
-        };
-        // The keys any query of the call sees.
-        let (lo, hi) = tokens.iter().fold((usize::MAX, 0), |(lo, hi), t| {
-            let v = attn.visible(t.pos, first);
-            (lo.min(v.start), hi.max(v.end))
-        });
-        let (n_kvh, row_blocks) = (attn.n_head_kv, n.div_ceil(Q_ROWS));
-        let group = attn.n_head / n_kvh;
-        for t in self.tiles.iter() {
-            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-            t.reserve(Q_ROWS * group, attn.head_dim, Q_ROWS);
-        }
-        // The keys are cut into segments at fixed positions, multiples of KEY_SEGMENT, each
-        // segment a unit of work of its own (flash-decoding): a decoded token's keys keep
-        // several threads busy. Fixed positions, not a split chosen by how busy the threads
-        // are, so that a query's result never depends on the other queries of the call, on
-        // how its prompt was chunked, or on the number of threads: a request computes the
-        // same bits alone or in any batch (chapter 11 relies on it).
-        let first_seg = lo / KEY_SEGMENT;
-        let splits = if hi > lo {
-            hi.div_ceil(KEY_SEGMENT) - first_seg
-        } else {
-            1
-        };
-        let units = n_kvh * row_blocks;
-        {
-            // Room for this call's partials, and at least for a decoded token's at the end of
-            // the context, so that decode steps never allocate.
-            let per_row = attn.n_head * (2 + attn.head_dim);
-            let decode = attn.rope.n_pos().div_ceil(KEY_SEGMENT) * per_row;
-            let most = (splits * n * per_row).max(decode);
-            let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
-            let have = parts.len();
-            parts.reserve(most.saturating_sub(have));
-        }
-        let key_range = |s: usize| {
-            let seg = first_seg + s;
-            (seg * KEY_SEGMENT).max(lo)..((seg + 1) * KEY_SEGMENT).min(hi)
-        };
-        let unit = |u: usize, dst: Dest| {
-            let (s, rest) = (u % splits, u / splits);
-            let (kvh, rb) = (rest % n_kvh, rest / n_kvh);
-            let rows = rb * Q_ROWS..((rb + 1) * Q_ROWS).min(n);
-            self.with_tile(|t| {
-                for_isa!(
-                    self.isa,
-                    attend_unit::<S>(&job, kvh, rows, key_range(s), t, dst)
-                )
-            });
-        };
-        if splits == 1 {
-            let dst = Dest::Out(Out(out.as_mut_ptr()));
-            // Each unit writes rows `rows` and heads `kvh·group..(kvh+1)·group` of `out`, which
-            // holds `n` rows (checked above), and no two units share a row and head.
-            self.pool.run(units, &|u| unit(u, dst));
-            return;
-        }
-        let (hd, nh) = (attn.head_dim, attn.n_head);
-        let stride = n * nh * (2 + hd); // one split's partials
-        let mut parts = self.partials.lock().unwrap_or_else(|e| e.into_inner());
-        parts.resize(splits * stride, 0.0); // within the capacity reserved above
-        let base = Out(parts.as_mut_ptr());
-        self.pool.run(units * splits, &|u| {
-            // SAFETY: split s's partials start at s · stride, inside `parts` (which holds
-            // `splits · stride` values).
-            let part = Out(unsafe { base.ptr().add((u % splits) * stride) });
-            // Each unit writes its rows and heads of its split's part, `n` rows of `n_head`
-            // heads of `2 + head_dim` values; no two units share a split, row and head.
-            unit(u, Dest::Partial(part))
-        });
-        for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
-            merge(&parts, splits, stride, idx, o);
-        }
+            0,
+            0..tokens.len(),
+            kv.first(),
+            0,
+            0,
+        ));
+        self.attend_plans(attn, q, tokens, &plans, &|_, f| f(kv), out);
     }
+
+    // ANCHOR: attend_batch
+    fn attend_batch(
+        &self,
+        attn: &Attention,
+        layer: usize,
+        q: &[f32],
+        tokens: &[TokenPos],
+        kv: &dyn KvDyn,
+        out: &mut [f32],
+    ) {
+        // Every sequence's units in one pool job: a decode step over 16 sequences is one
+        // parallel region per layer, not 16 small ones that leave threads idle at each join.
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.clear();
+        let (mut units, mut parts) = (0, 0);
+        for (seq, rows) in TokenPos::seq_runs(tokens) {
+            let mut first = 0;
+            kv.with_view(layer, seq, &mut |view| first = view.first());
+            let p = RunPlan::new(attn, tokens, seq, rows, first, units, parts);
+            (units, parts) = (p.units.end, p.parts.end);
+            plans.push(p);
+        }
+        let view = |p: &RunPlan, f: &mut dyn FnMut(&dyn KvView)| kv.with_view(layer, p.seq, f);
+        self.attend_plans(attn, q, tokens, &plans, &view, out);
+    }
+    // ANCHOR_END: attend_batch
 
     fn describe(&self) -> String {
         format!(

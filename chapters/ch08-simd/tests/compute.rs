@@ -321,6 +321,83 @@ fn attention_reads_a_wrapped_ring_and_a_paged_cache() {
 }
 
 #[test]
+fn a_batch_of_sequences_attends_as_each_alone() {
+    // Chapter 7's batches put several sequences in one call, as one parallel region: a decode
+    // step of many (one token each, some past KEY_SEGMENT so that their keys are split) and
+    // prompt chunks (several rows, more than Q_ROWS). Each sequence's result must be the bits
+    // it gets alone (chapter 11 relies on it), in an f32 and an f16 paged cache, and close to
+    // the scalar reference's batch.
+    let a = attention(9, 3, 64, None);
+    let kvd = a.kv_dim();
+    // (sequence, positions already stored, new tokens)
+    let seqs = [
+        (3, 40, 1),
+        (0, 300, 1),
+        (5, 7, 12),
+        (1, 0, 1),
+        (2, 600, 1),
+        (4, 250, 20),
+    ];
+    for types in [ch08::CacheTypes::F32, ch08::CacheTypes::F16] {
+        let mut kv = ch08::PagedCache::try_typed(1, kvd, 16, 160, types).unwrap();
+        let mut tokens = Vec::new();
+        for &(seq, past, n) in &seqs {
+            kv.reserve(seq, 0..past + n).unwrap();
+            let (k, v) = (
+                noise((past + n) * kvd, seq as u64),
+                noise((past + n) * kvd, !seq as u64),
+            );
+            for p in 0..past + n {
+                kv.store(0, seq, p, &k[p * kvd..][..kvd], &v[p * kvd..][..kvd]);
+            }
+            tokens.extend(TokenPos::run(seq, past, n));
+        }
+        let q: Vec<f32> = noise(tokens.len() * a.q_dim(), 77)
+            .iter()
+            .map(|x| x * 4.0)
+            .collect();
+        let qd = a.q_dim();
+        let mut want = vec![f32::NAN; tokens.len() * qd];
+        Scalar.attend_batch(&a, 0, &q, &tokens, &kv, &mut want);
+        for isa in vector_isas() {
+            for pool in pools() {
+                let simd = SimdCompute::with_isa(isa, pool.clone());
+                let mut got = vec![f32::NAN; tokens.len() * qd];
+                simd.attend_batch(&a, 0, &q, &tokens, &kv, &mut got);
+                let what = format!("{isa:?}, {}, {types}", pool.describe());
+                let mut i = 0;
+                for &(seq, _, n) in &seqs {
+                    let rows = i * qd..(i + n) * qd;
+                    let mut alone = vec![f32::NAN; n * qd];
+                    simd.attend(
+                        &a,
+                        &q[rows.clone()],
+                        &tokens[i..i + n],
+                        &kv.view(0, seq),
+                        &mut alone,
+                    );
+                    assert!(
+                        alone
+                            .iter()
+                            .zip(&got[rows])
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{what}: sequence {seq} in the batch differs from sequence {seq} alone"
+                    );
+                    i += n;
+                }
+                assert_close(
+                    &format!("batched attention, {what}"),
+                    &[tokens.len(), qd],
+                    &got,
+                    &want,
+                    ATTN_TOL,
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn norms_gate_and_residual_match_the_reference() {
     for isa in vector_isas() {
         for pool in pools() {

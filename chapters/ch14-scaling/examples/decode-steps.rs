@@ -5,13 +5,16 @@
 //! does, so ideally it costs what `n` prompt tokens cost. This example measures both with the
 //! finished engine's pieces: chapter 7's scheduler running `n` requests (distinct prompts, no
 //! prefix cache) until every one is decoding, then the median time of a step in which all `n`
-//! decode; and one prompt of `n` tokens in one forward pass on a fresh cache. It prints, per
-//! `n`: the step's time (each stream's time between tokens), the aggregate decode rate, the
-//! prompt's time, and their ratio (1 would be a step costing what its tokens cost as a prompt).
+//! decode; and a prompt chunk of `n` tokens of one sequence at the same context, in one
+//! forward pass. It prints, per `n`: the step's time (each stream's time between tokens), the
+//! aggregate decode rate, the chunk's time, and their ratio (1 would be a step costing what its
+//! tokens cost as a prompt), also against the chunk with every row's logits (as a step needs).
+//! Last, the rate of one whole prompt as long as the steps' context, for the decode rates to be
+//! set against.
 //!
 //! ```sh
 //! cargo run --release -p ch14 --example decode-steps -- [--model PATH] [--threads 2] \
-//!     [--seqs 1,2,4,8,16,32] [--steps 24]
+//!     [--seqs 1,2,4,8,16,32] [--steps 24] [--prompt-tokens 64] [--cache f16] [--greedy]
 //! ```
 
 use ch14::engine::{Engine, LoadMode};
@@ -44,6 +47,9 @@ struct Cli {
     /// Tokens of each request's prompt.
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
+    /// What the KV cache keeps keys and values in (f32, f16, q8_0).
+    #[arg(long, default_value = "f16")]
+    cache: String,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,6 +62,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fast = FastLoader::new(new_pool(PoolKind::Spin, cli.threads));
     let engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast, &archs)?;
     let model = &engine.model;
+    let row = ch14::cache::cache_row_type(&cli.cache)?;
+    let cache = CacheTypes { k: row, v: row };
     let vocab = model.config.vocab_size as u32;
     // Distinct prompts: token ids spread over the vocabulary, a different start per sequence.
     let prompt = |s: usize| -> Vec<u32> {
@@ -64,20 +72,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
 
-    // What `n` prompt tokens cost: one prompt of `n` tokens, one forward pass, a fresh f16
-    // cache; best of three.
-    let prefill_ms = |n: usize, logits: bool| -> Result<f64, Box<dyn std::error::Error>> {
-        let ids: Vec<u32> = prompt(0).into_iter().cycle().take(n).collect();
+    // What `n` prompt tokens cost at the context the decode steps see: a chunk of `n` tokens
+    // after the `prompt_tokens` of one sequence, one forward pass, in a cache of the chosen
+    // type; best of three. The context before it is prefilled untimed.
+    let past = cli.prompt_tokens;
+    let chunk_ms = |n: usize, logits: bool| -> Result<f64, Box<dyn std::error::Error>> {
+        let ids: Vec<u32> = prompt(0).into_iter().cycle().take(past + n).collect();
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             let mut kv = PagedCache::try_typed(
                 model.config.n_layer,
                 model.attention.kv_dim(),
                 16,
-                n.div_ceil(16),
-                CacheTypes::F16,
+                (past + n).div_ceil(16),
+                cache,
             )?;
-            let batch = Batch::sequence(0, &ids, 0, logits);
+            let before = Batch::sequence(0, &ids[..past], 0, false);
+            model.forward(&before, &mut kv, &mut ch14::NoObserver)?;
+            let batch = Batch::sequence(0, &ids[past..], past, logits);
             let t = Instant::now();
             model.forward(&batch, &mut kv, &mut ch14::NoObserver)?;
             best = best.min(t.elapsed().as_secs_f64());
@@ -91,10 +103,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     // A step gives every stream one token: its time is each stream's time between tokens.
     println!(
-        "| sequences | decode step, ms | decode tok/s, all streams | a prompt of as many tokens, ms \
-         | step ÷ prompt | the prompt with every row's logits, ms |"
+        "| sequences | step, ms | tok/s, all streams | n prompt tokens, ms | step ÷ prompt \
+         | with n rows' logits, ms | step ÷ that |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
 
     for &n in &cli.seqs {
         let config = SchedulerConfig {
@@ -103,7 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             block_size: 16,
             n_blocks: n * (cli.prompt_tokens + 2 * cli.steps + 32).div_ceil(16),
             prefix_cache: false,
-            cache: CacheTypes::F16,
+            cache,
         };
         let mut sched = Scheduler::new(model, &engine.tokenizer, config)?;
         for s in 0..n {
@@ -135,17 +147,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         if times.is_empty() {
-            println!("| {n} | (no step with all {n} decoding) | | | | |");
+            println!("| {n} | (no step with all {n} decoding) | | | | | |");
             continue;
         }
         times.sort_by(f64::total_cmp);
         let step = times[times.len() / 2] * 1e3;
-        let (prompt, all) = (prefill_ms(n, false)?, prefill_ms(n, true)?);
+        let (prompt, all) = (chunk_ms(n, false)?, chunk_ms(n, true)?);
         println!(
-            "| {n} | {step:.1} | {:.1} | {prompt:.1} | {:.2} | {all:.1} |",
+            "| {n} | {step:.1} | {:.1} | {prompt:.1} | {:.2} | {all:.1} | {:.2} |",
             n as f64 / step * 1e3,
-            step / prompt
+            step / prompt,
+            step / all
         );
     }
+    // The engine's prefill rate: a whole prompt as long as the context of the steps, in one
+    // forward pass (as llama.cpp's batched-bench reports S_PP beside S_TG).
+    let ids: Vec<u32> = prompt(1)
+        .into_iter()
+        .cycle()
+        .take(past + cli.steps)
+        .collect();
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let mut kv = PagedCache::try_typed(
+            model.config.n_layer,
+            model.attention.kv_dim(),
+            16,
+            ids.len().div_ceil(16),
+            cache,
+        )?;
+        let t = Instant::now();
+        model.forward(
+            &Batch::sequence(0, &ids, 0, false),
+            &mut kv,
+            &mut ch14::NoObserver,
+        )?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "\nprefill of one {}-token prompt: {:.1} tok/s",
+        ids.len(),
+        ids.len() as f64 / best
+    );
     Ok(())
 }
