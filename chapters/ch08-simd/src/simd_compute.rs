@@ -757,6 +757,26 @@ impl SimdCompute {
         }
     }
 
+    /// The plans of `runs` (sequence, its tokens' indices in `tokens`, the first position its
+    /// store holds), their units numbered and their partials placed one after another: in the
+    /// buffer this compute keeps, so that a call allocates nothing once it has seen its size.
+    fn plan(
+        &self,
+        attn: &Attention,
+        tokens: &[TokenPos],
+        runs: impl IntoIterator<Item = (usize, Range<usize>, usize)>,
+    ) -> std::sync::MutexGuard<'_, Vec<RunPlan>> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.clear();
+        let (mut units, mut parts) = (0, 0);
+        for (seq, rows, first) in runs {
+            let p = RunPlan::new(attn, tokens, seq, rows, first, units, parts);
+            (units, parts) = (p.units.end, p.parts.end);
+            plans.push(p);
+        }
+        plans
+    }
+
     /// Attention of the runs `plans` (each the consecutive tokens of one sequence of `tokens`)
     /// as one pool job: every unit of every run, then the merge of the runs whose keys were
     /// split. `view(plan, f)` lends `f` the keys and values of a run's sequence.
@@ -876,17 +896,7 @@ impl AttentionOps for SimdCompute {
         kv: &dyn KvView,
         out: &mut [f32],
     ) {
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.clear();
-        plans.push(RunPlan::new(
-            attn,
-            tokens,
-            0,
-            0..tokens.len(),
-            kv.first(),
-            0,
-            0,
-        ));
+        let plans = self.plan(attn, tokens, [(0, 0..tokens.len(), kv.first())]);
         self.attend_plans(attn, q, tokens, &plans, &|_, f| f(kv), out);
     }
 
@@ -902,16 +912,13 @@ impl AttentionOps for SimdCompute {
     ) {
         // Every sequence's units in one pool job: a decode step over 16 sequences is one
         // parallel region per layer, not 16 small ones that leave threads idle at each join.
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.clear();
-        let (mut units, mut parts) = (0, 0);
-        for (seq, rows) in TokenPos::seq_runs(tokens) {
+        let first = |seq: usize| {
             let mut first = 0;
             kv.with_view(layer, seq, &mut |view| first = view.first());
-            let p = RunPlan::new(attn, tokens, seq, rows, first, units, parts);
-            (units, parts) = (p.units.end, p.parts.end);
-            plans.push(p);
-        }
+            first
+        };
+        let runs = TokenPos::seq_runs(tokens).map(|(seq, rows)| (seq, rows, first(seq)));
+        let plans = self.plan(attn, tokens, runs);
         let view = |p: &RunPlan, f: &mut dyn FnMut(&dyn KvView)| kv.with_view(layer, p.seq, f);
         self.attend_plans(attn, q, tokens, &plans, &view, out);
     }

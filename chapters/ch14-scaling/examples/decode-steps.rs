@@ -72,6 +72,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
 
+    // An empty paged cache of the chosen type for one sequence of `positions`.
+    let fresh = |positions: usize| {
+        let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());
+        PagedCache::try_typed(n_layer, kv_dim, 16, positions.div_ceil(16), cache)
+    };
     // What `n` prompt tokens cost at the context the decode steps see: a chunk of `n` tokens
     // after the `prompt_tokens` of one sequence, one forward pass, in a cache of the chosen
     // type; best of three. The context before it is prefilled untimed.
@@ -80,13 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ids: Vec<u32> = prompt(0).into_iter().cycle().take(past + n).collect();
         let mut best = f64::INFINITY;
         for _ in 0..3 {
-            let mut kv = PagedCache::try_typed(
-                model.config.n_layer,
-                model.attention.kv_dim(),
-                16,
-                (past + n).div_ceil(16),
-                cache,
-            )?;
+            let mut kv = fresh(past + n)?;
             let before = Batch::sequence(0, &ids[..past], 0, false);
             model.forward(&before, &mut kv, &mut ch14::NoObserver)?;
             let batch = Batch::sequence(0, &ids[past..], past, logits);
@@ -169,13 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
-        let mut kv = PagedCache::try_typed(
-            model.config.n_layer,
-            model.attention.kv_dim(),
-            16,
-            ids.len().div_ceil(16),
-            cache,
-        )?;
+        let mut kv = fresh(ids.len())?;
         let t = Instant::now();
         model.forward(
             &Batch::sequence(0, &ids, 0, false),
