@@ -118,6 +118,8 @@ pub fn parse_from<P: Parser>(argv: Vec<OsString>, config_id: &str) -> Result<P, 
             }
         }
     }
+    // ANCHOR_END: parse
+    // ANCHOR: parse_layered
     let mut layered = Vec::with_capacity(argv.len() + from_file.len());
     let mut rest = argv.into_iter();
     layered.extend(rest.next());
@@ -129,7 +131,7 @@ pub fn parse_from<P: Parser>(argv: Vec<OsString>, config_id: &str) -> Result<P, 
     })?;
     P::from_arg_matches(&matches).map_err(ConfigError::Clap)
 }
-// ANCHOR_END: parse
+// ANCHOR_END: parse_layered
 
 fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     let err = |m: String| ConfigError::File(path.to_path_buf(), m);

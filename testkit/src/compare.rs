@@ -5,8 +5,13 @@
 //! size, like ggml's `MAX_DOT_PRODUCT_ERROR`. On failure the report names the tensor and its
 //! shape, shows the first values of both sides, the largest absolute and relative errors, and
 //! the first index (with its coordinates) where the two diverge.
+//!
+//! Sequences that must be equal element for element (token ids, tensor types, names) go through
+//! [`assert_same_sequence`]: like `assert_eq!`, but the message names the first index where the
+//! two differ and shows a few elements around it from both sides, not two whole lists.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 /// How far `got` may be from `want`, element-wise: `|got - want| <= abs + rel * |want|`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -194,6 +199,42 @@ pub fn assert_close(
     }
 }
 
+/// Elements shown on each side of the first difference of two sequences.
+const AROUND: usize = 3;
+
+/// Where `got` first differs from the reference `want`, as a message: the index (or, when one
+/// is a prefix of the other, where the shorter ends), both lengths, and the elements from
+/// [`AROUND`] before to [`AROUND`] after it on both sides. `None` when they are equal.
+pub fn sequence_mismatch<T: PartialEq + fmt::Debug>(
+    name: &str,
+    got: &[T],
+    want: &[T],
+) -> Option<String> {
+    let first = got.iter().zip(want).position(|(g, w)| g != w);
+    let i = first.or((got.len() != want.len()).then(|| got.len().min(want.len())))?;
+    let mut m = format!(
+        "{name:?} differs from the reference at index {i} (got {} elements, reference {})\n",
+        got.len(),
+        want.len()
+    );
+    let show = |v: &[T], j: usize| v.get(j).map_or("(none)".to_string(), |x| format!("{x:?}"));
+    let end = (i + AROUND + 1).min(got.len().max(want.len()));
+    for j in i.saturating_sub(AROUND)..end {
+        let mark = if j == i { "->" } else { "  " };
+        let (g, w) = (show(got, j), show(want, j));
+        let _ = writeln!(m, "  {mark} [{j}] got {g}, want {w}");
+    }
+    Some(m)
+}
+
+/// Panic with [`sequence_mismatch`]'s message unless `got` equals `want` element for element.
+#[track_caller]
+pub fn assert_same_sequence<T: PartialEq + fmt::Debug>(name: &str, got: &[T], want: &[T]) {
+    if let Some(m) = sequence_mismatch(name, got, want) {
+        panic!("{m}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,5 +305,54 @@ mod tests {
     #[should_panic(expected = "does not match the reference")]
     fn assert_close_panics_with_the_report() {
         assert_close("x", &[2], &[0.0, 1.0], &[0.0, 2.0], TOL);
+    }
+
+    #[test]
+    fn equal_sequences_have_no_mismatch() {
+        let a: Vec<u32> = (0..64).collect();
+        assert_eq!(sequence_mismatch("ids", &a, &a), None);
+        assert_same_sequence("ids", &a, &a);
+    }
+
+    #[test]
+    fn a_sequence_mismatch_names_the_first_difference_and_its_neighbours() {
+        let want: Vec<u32> = (100..164).collect();
+        let mut got = want.clone();
+        got[17] = 9;
+        got[40] = 9;
+        let m = sequence_mismatch("greedy ids", &got, &want).unwrap();
+        assert!(
+            m.contains("at index 17 (got 64 elements, reference 64)"),
+            "{m}"
+        );
+        assert!(m.contains("-> [17] got 9, want 117"), "{m}");
+        for j in [14, 15, 16, 18, 19, 20] {
+            let line = format!("   [{j}] got {}, want {}", 100 + j, 100 + j);
+            assert!(m.contains(&line), "lacks {line:?}:\n{m}");
+        }
+        // A few lines, not the two whole lists.
+        assert_eq!(m.lines().count(), 1 + 7, "{m}");
+        assert!(
+            !m.contains("[13]") && !m.contains("[21]") && !m.contains("[40]"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_sequence_that_stops_early_differs_where_it_ends() {
+        let m = sequence_mismatch("ids", &[1, 2], &[1, 2, 3]).unwrap();
+        assert!(
+            m.contains("at index 2 (got 2 elements, reference 3)"),
+            "{m}"
+        );
+        assert!(m.contains("-> [2] got (none), want 3"), "{m}");
+        let m = sequence_mismatch("ids", &[0u8; 0], &[7]).unwrap();
+        assert!(m.contains("-> [0] got (none), want 7"), "{m}");
+    }
+
+    #[test]
+    #[should_panic(expected = "differs from the reference at index 1")]
+    fn assert_same_sequence_panics_with_the_first_difference() {
+        assert_same_sequence("types", &["F32", "Q8_0"], &["F32", "Q4_K"]);
     }
 }

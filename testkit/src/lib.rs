@@ -3,7 +3,9 @@
 //! - [`refdata`]: reading what llama.cpp computed (`reference-data/`), with a hint on how to
 //!   regenerate it when it is missing or stale.
 //! - [`compare`]: the one tensor comparison helper that every check against llama.cpp goes
-//!   through, with named tolerances and a report that says where two tensors diverge.
+//!   through, with named tolerances and a report that says where two tensors diverge; and
+//!   [`assert_same_sequence`], for lists that must be equal (token ids), which says where two
+//!   lists first differ.
 //! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
 //! - [`program`]: a chapter's example or the `llm-rs` binary, built for a test that runs it.
 
@@ -12,7 +14,7 @@ pub mod compare;
 pub mod program;
 pub mod refdata;
 
-pub use compare::{Tolerance, assert_close, compare};
+pub use compare::{Tolerance, assert_close, assert_same_sequence, compare, sequence_mismatch};
 pub use program::{Target, program};
 
 /// How far our hidden states (each layer's output) may be from llama.cpp's on the f32 path

@@ -52,7 +52,9 @@ pub struct Config {
     /// The output projection reuses the token embedding matrix (no `output.weight` tensor).
     pub tied_embeddings: bool,
 }
+// ANCHOR_END: config
 
+// ANCHOR: rope_types
 /// RoPE context extension.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeScaling {
@@ -81,7 +83,7 @@ pub enum RopeStyle {
     /// Halves `(x[i], x[i + rope_dim/2])`: GPT-NeoX, Qwen, Phi (`LLAMA_ROPE_TYPE_NEOX`).
     Neox,
 }
-// ANCHOR_END: config
+// ANCHOR_END: rope_types
 
 /// Why a [`Config`] could not be built.
 #[derive(Debug)]
@@ -210,7 +212,9 @@ impl Config {
         }
         Config::read(gguf, arch)
     }
+    // ANCHOR_END: from_gguf
 
+    // ANCHOR: read_counts
     fn read(gguf: &Gguf, arch: &str) -> Result<Config, ConfigError> {
         let k = Keys { gguf, arch };
         let invalid = |suffix: &str, reason: String| ConfigError::Invalid {
@@ -260,7 +264,9 @@ impl Config {
             let why = "the vocabulary has no tokens".to_string();
             return Err(invalid("vocab_size", why));
         }
+        // ANCHOR_END: read_counts
 
+        // ANCHOR: read_floats
         // RoPE's frequencies base^(-2i/d) must fall with i, so the base is above 1.
         let rope_freq_base = k.f32("rope.freq_base", Some(10000.0), "above 1", |b| b > 1.0)?;
         let rope_dim = k.count_or("rope.dimension_count", head_dim)?;
@@ -302,7 +308,7 @@ impl Config {
             tied_embeddings,
         })
     }
-    // ANCHOR_END: from_gguf
+    // ANCHOR_END: read_floats
 
     /// Query heads that share one key/value head.
     pub fn n_group(&self) -> usize {

@@ -100,6 +100,9 @@ impl GgmlType {
             Q2_0 => (64, 2 + 16),
         }
     }
+    // ANCHOR_END: layout
+
+    // ANCHOR: row_bytes
 
     /// Number of elements in one block (1 for the plain types).
     pub const fn block_size(self) -> u64 {
@@ -120,7 +123,7 @@ impl GgmlType {
         }
         (n_elements / block).checked_mul(size)
     }
-    // ANCHOR_END: layout
+    // ANCHOR_END: row_bytes
 
     /// Every type, in id order.
     pub const ALL: [GgmlType; 35] = {

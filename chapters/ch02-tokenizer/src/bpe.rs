@@ -52,6 +52,7 @@ pub struct Bpe {
     fallback: [u32; 256],
 }
 
+// ANCHOR: symbol
 /// One symbol of a word being merged: a run of its bytes, in a linked list of neighbours.
 #[derive(Debug, Clone, Copy)]
 pub struct Symbol {
@@ -68,6 +69,7 @@ pub struct Symbol {
 /// `(rank, left, right, left id, right id, merged id)`. The heap pops the lowest rank first,
 /// and among equal ranks the leftmost pair, as llama.cpp's `llm_bigram_bpe::comparator`.
 type Candidate = Reverse<(u32, usize, usize, u32, u32, u32)>;
+// ANCHOR_END: symbol
 
 impl Bpe {
     /// Number every token and merge result, and index the merge rules by id pair.
@@ -227,6 +229,9 @@ impl Bpe {
         for i in 1..symbols.len() {
             self.push_candidate(symbols, queue, i - 1, i);
         }
+        // ANCHOR_END: merge
+
+        // ANCHOR: merge_loop
         // ANCHOR: yours_merge_loop
         while let Some(Reverse((rank, left, right, left_id, right_id, merged))) = queue.pop() {
             let (l, r) = (symbols[left], symbols[right]);
@@ -248,7 +253,9 @@ impl Bpe {
         }
         // ANCHOR_END: yours_merge_loop
     }
+    // ANCHOR_END: merge_loop
 
+    // ANCHOR: push_candidate
     fn push_candidate(
         &self,
         symbols: &[Symbol],
@@ -269,7 +276,7 @@ impl Bpe {
         }
         // ANCHOR_END: yours_push_candidate
     }
-    // ANCHOR_END: merge
+    // ANCHOR_END: push_candidate
 }
 
 /// The length of the UTF-8 sequence that `first` starts (1 for a stray continuation byte), as

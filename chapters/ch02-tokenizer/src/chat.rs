@@ -94,6 +94,7 @@ impl ChatTemplate {
             eos_token: eos_token.to_string(),
         })
     }
+    // ANCHOR_END: template
 
     /// The template in `tokenizer.chat_template`, with the BOS and EOS token texts.
     pub fn from_gguf(gguf: &ch01::Gguf) -> Result<ChatTemplate, TokenizerError> {
@@ -124,6 +125,7 @@ impl ChatTemplate {
         )
     }
 
+    // ANCHOR: render
     /// Render `messages`. With `add_generation_prompt` the text ends with the header of an
     /// assistant turn, so that what the model writes next is the answer. A template that runs
     /// more than [`MAX_TEMPLATE_FUEL`] instructions or writes more than [`MAX_RENDERED_BYTES`]
@@ -183,7 +185,7 @@ impl ChatTemplate {
         Ok((text, fuel))
     }
 }
-// ANCHOR_END: template
+// ANCHOR_END: render
 
 /// A rendered conversation, and where the messages' content lies in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,7 +229,9 @@ impl ChatTemplate {
             }
         }
     }
+    // ANCHOR_END: encode_chat
 
+    // ANCHOR: render_marked
     /// Render `messages`, and find where each message's content landed: render once more with
     /// every content replaced by a placeholder, which cuts the template's own text into the
     /// pieces around the contents, then walk the real text piece by piece. A template may
@@ -264,7 +268,7 @@ impl ChatTemplate {
         Ok(Rendered { text, content })
     }
 }
-// ANCHOR_END: encode_chat
+// ANCHOR_END: render_marked
 
 fn forged(i: usize, field: &str, tokenizer: &Tokenizer, id: u32) -> TokenizerError {
     TokenizerError::Template(format!(

@@ -38,7 +38,9 @@ pub fn token_piece(vocab: &Vocab, id: u32) -> Vec<u8> {
     }
     Vec::new() // unused and undefined tokens render as nothing
 }
+// ANCHOR_END: piece
 
+// ANCHOR: byte_level_to_bytes
 /// Byte-level characters back to bytes. A character outside the byte alphabet cannot come from
 /// byte-level training, but such tokens exist (Command-R's vocabulary has 1 403, single symbols
 /// such as `™`); llama.cpp writes each such character as a marker with its bytes in hex and the
@@ -74,7 +76,7 @@ fn hex_byte(b: u8) -> [u8; 2] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     [DIGITS[(b >> 4) as usize], DIGITS[(b & 15) as usize]]
 }
-// ANCHOR_END: piece
+// ANCHOR_END: byte_level_to_bytes
 
 // ANCHOR: clean_spaces
 /// Hugging Face's `clean_up_tokenization_spaces`, in llama.cpp's three passes: drop the space

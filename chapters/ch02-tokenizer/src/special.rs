@@ -42,7 +42,9 @@ pub fn partition(
     };
     partition_literal(vocab, specials, text, literal)
 }
+// ANCHOR_END: partition
 
+// ANCHOR: partition_literal
 /// [`partition`] with control and unknown tokens recognised everywhere except where they
 /// overlap a range of `literal` (byte ranges, sorted, not overlapping). A chat prompt is
 /// the template's text, whose markers are tokens, around the messages' content, which is
@@ -74,6 +76,8 @@ pub fn partition_literal(
                 next.push(fragment);
                 continue;
             };
+            // ANCHOR_END: partition_literal
+            // ANCHOR: partition_cut
             let (mut start, end) = (range.start, range.end);
             let mut from = start;
             while let Some(at) = text[from..end].find(needle) {
@@ -114,7 +118,7 @@ pub fn partition_literal(
     }
     fragments
 }
-// ANCHOR_END: partition
+// ANCHOR_END: partition_cut
 
 /// C's `isspace`, which llama.cpp uses for LSTRIP/RSTRIP: unlike Rust's
 /// `is_ascii_whitespace`, it includes the vertical tab.

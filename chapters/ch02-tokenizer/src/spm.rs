@@ -102,6 +102,9 @@ pub fn encode(
     if let Some(t) = trace.as_mut() {
         t(symbols.iter().map(piece).collect(), None);
     }
+    // ANCHOR_END: spm
+
+    // ANCHOR: spm_merge
     while let Some(b) = queue.pop() {
         let (l, r) = (symbols[b.left], symbols[b.right]);
         if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
@@ -130,7 +133,7 @@ pub fn encode(
         }
     }
 }
-// ANCHOR_END: spm
+// ANCHOR_END: spm_merge
 
 #[cfg(test)]
 mod tests {

@@ -249,7 +249,9 @@ impl Tokenizer {
         }
         out
     }
+    // ANCHOR_END: encode
 
+    // ANCHOR: encode_text
     /// Append the tokens of a text fragment (no special tokens in it) to `out`.
     fn encode_text(
         &self,
@@ -304,7 +306,7 @@ impl Tokenizer {
             Model::Ugm(ugm) => ugm.encode(v, text, out),
         }
     }
-    // ANCHOR_END: encode
+    // ANCHOR_END: encode_text
 
     /// The bytes of token `id` (special tokens rendered as their text); empty for an id
     /// outside the vocabulary.
@@ -404,7 +406,9 @@ impl<'a> StreamDecoder<'a> {
             first: true,
         }
     }
+    // ANCHOR_END: stream
 
+    // ANCHOR: stream_push
     /// Add one token; return the text it completes (often empty inside a character).
     pub fn push(&mut self, id: u32) -> String {
         const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
@@ -445,4 +449,4 @@ impl<'a> StreamDecoder<'a> {
         take_utf8(&mut self.unfinished, true)
     }
 }
-// ANCHOR_END: stream
+// ANCHOR_END: stream_push

@@ -183,6 +183,9 @@ impl Ugm {
             }
             start += char_len;
         }
+        // ANCHOR_END: ugm
+
+        // ANCHOR: ugm_back
         // Walk back from the end, merging unknown tokens in a row into one.
         let first = out.len();
         let mut at = n;
@@ -201,7 +204,7 @@ impl Ugm {
         }
         out[first..].reverse();
     }
-    // ANCHOR_END: ugm
+    // ANCHOR_END: ugm_back
 
     /// SentencePiece's normalization: the character map's replacements, then spaces. Works on
     /// bytes, because a replacement, or a user-defined token's prefix, may cut a character.

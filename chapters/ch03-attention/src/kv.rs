@@ -62,7 +62,9 @@ impl<'a> KvRows<'a> {
         }
     }
 }
+// ANCHOR_END: rows
 
+// ANCHOR: decode_pieces
 /// Values per piece an encoded row is decoded in: a multiple of every block size a store
 /// keeps (1 for F16, 32 for Q8_0), small enough for the stack.
 const PIECE: usize = 32;
@@ -93,7 +95,7 @@ fn row_bytes(ty: GgmlType, n: usize) -> usize {
     ty.row_bytes(n as u64)
         .unwrap_or_else(|| panic!("{n} values are not whole {ty} blocks")) as usize
 }
-// ANCHOR_END: rows
+// ANCHOR_END: decode_pieces
 
 // ANCHOR: traits
 /// Read access to the stored keys and values of one layer of one sequence. `Sync`, so that

@@ -55,7 +55,9 @@ pub trait AttentionOps: Send + Sync {
             );
         }
     }
+    // ANCHOR_END: ops
 
+    // ANCHOR: ops_batch
     /// Attention of a batch's queries `q` (`(n, n_head, head_dim)`) into `out`
     /// (`(n, n_head, head_dim)`): tokens `tokens` of any number of sequences, each sequence's
     /// tokens side by side (a prompt, or chapter 7's batch of sequences), whose keys and values
@@ -95,7 +97,7 @@ pub trait AttentionOps: Send + Sync {
         "scalar reference".to_string()
     }
 }
-// ANCHOR_END: ops
+// ANCHOR_END: ops_batch
 
 /// The scalar reference: this chapter's code, one thread.
 #[derive(Debug, Clone, Copy, Default)]

@@ -66,7 +66,9 @@ impl RopeTable {
         table.resize(n_pos);
         table
     }
+    // ANCHOR_END: rope
 
+    // ANCHOR: rope_resize
     /// Recompute the table for positions `0..n_pos`, with the same rotation.
     pub fn resize(&mut self, n_pos: usize) {
         let (n_rot, base, scale) = (self.n_rot, self.base, &self.scale);
@@ -89,6 +91,7 @@ impl RopeTable {
         }
         // ANCHOR_END: yours_rope_table
     }
+    // ANCHOR_END: rope_resize
 
     /// The position scaling the table was built with.
     pub fn scale(&self) -> &RopeScale {
@@ -100,6 +103,7 @@ impl RopeTable {
         self.cos_sin.len() / self.n_rot.max(1)
     }
 
+    // ANCHOR: rope_apply
     /// Rotate every head of `x` (`(n_heads, head_dim)`, one token) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         // ANCHOR: yours_rope_apply
@@ -120,7 +124,7 @@ impl RopeTable {
         // ANCHOR_END: yours_rope_apply
     }
 }
-// ANCHOR_END: rope
+// ANCHOR_END: rope_apply
 
 // ANCHOR: rope_scale
 /// How positions are scaled before they are turned into angles: the parameters of llama.cpp's
@@ -153,7 +157,9 @@ impl RopeScale {
             corr_dims: [0.0, 0.0],
         }
     }
+    // ANCHOR_END: rope_scale
 
+    // ANCHOR: rope_yarn
     /// YaRN for a model whose context of `n_ctx_orig` positions was extended `factor` times,
     /// with ggml's default ramp (`beta_fast` 32, `beta_slow` 1 rotations) and llama.cpp's
     /// attention factor: `llama_context`'s `get_mscale(factor) / (1 + 0.1 ln factor)` — 1 up
@@ -182,7 +188,9 @@ impl RopeScale {
             corr_dims: [low, high],
         }
     }
+    // ANCHOR_END: rope_yarn
 
+    // ANCHOR: rope_cos_sin
     /// `(cos, sin)` of pair `i` for the unscaled angle `theta` (ggml's `rope_yarn`).
     pub fn cos_sin(&self, theta: f32, i: usize) -> (f32, f32) {
         let theta_extrap = match &self.freq_factors {
@@ -202,4 +210,4 @@ impl RopeScale {
         (theta.cos() * mscale, theta.sin() * mscale)
     }
 }
-// ANCHOR_END: rope_scale
+// ANCHOR_END: rope_cos_sin

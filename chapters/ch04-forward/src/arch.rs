@@ -96,6 +96,7 @@ pub struct Architecture {
 /// A set of architectures, passed to [`Model::load`](crate::Model::load) as a value.
 #[derive(Clone, Default)]
 pub struct Architectures(Vec<Architecture>);
+// ANCHOR_END: architecture
 
 impl std::fmt::Debug for Architectures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,6 +104,7 @@ impl std::fmt::Debug for Architectures {
     }
 }
 
+// ANCHOR: architecture_set
 impl Architectures {
     /// The empty set.
     pub fn new() -> Architectures {
@@ -139,7 +141,7 @@ impl Architectures {
         })
     }
 }
-// ANCHOR_END: architecture
+// ANCHOR_END: architecture_set
 
 impl dyn Blocks {
     /// These blocks as their concrete type `B`, if they are one (for tests and diagnostics

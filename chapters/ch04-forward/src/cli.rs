@@ -311,6 +311,8 @@ pub fn drive(
         let _ = out.write_all(s.as_bytes());
         let _ = out.flush();
     };
+    // ANCHOR_END: drive
+    // ANCHOR: drive_branches
     if args.chat {
         let template = template.ok_or(
             "--chat needs a chat template, and the model file has no tokenizer.chat_template",
@@ -358,7 +360,7 @@ pub fn drive(
     eprintln!("{}", totals.report(t0.elapsed()));
     Ok(())
 }
-// ANCHOR_END: drive
+// ANCHOR_END: drive_branches
 
 /// A conversation: the messages so far, rendered by the model's chat template.
 pub struct Chat<'a> {

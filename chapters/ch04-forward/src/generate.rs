@@ -239,7 +239,9 @@ impl<'t> Generator<'t> {
             stop: (params.max_tokens == 0).then_some(StopReason::MaxTokens),
         }
     }
+    // ANCHOR_END: generator
 
+    // ANCHOR: generator_sample
     /// Sample the next token from `logits` `(vocab)`, given every token so far (`history`:
     /// prompt and generated, for the repetition penalty). Returns the token and the text to
     /// stream now; when this token ends generation, [`Generator::stop`] is set and the text
@@ -270,6 +272,7 @@ impl<'t> Generator<'t> {
         }
         (next, text)
     }
+    // ANCHOR_END: generator_sample
 
     /// End generation for `reason` (the context is full, say) before the next token; returns
     /// the text still held back.
@@ -305,7 +308,6 @@ impl<'t> Generator<'t> {
         self.filter.text()
     }
 }
-// ANCHOR_END: generator
 
 // ANCHOR: generate
 /// Generate from `prompt` (token ids), calling `on_text` with each piece of text as soon as it

@@ -103,6 +103,7 @@ impl SamplerParams {
     }
 }
 
+// ANCHOR: stages
 /// A token still in the running, with its logit and (after [`softmax`]) its probability.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
@@ -111,7 +112,6 @@ pub struct Candidate {
     pub p: f32,
 }
 
-// ANCHOR: stages
 /// llama.cpp's repetition penalty: for each distinct token among the last `last_n` of
 /// `history`, a positive logit is divided by `penalty` and a negative one multiplied, so the
 /// token always becomes less likely.
@@ -146,7 +146,9 @@ pub fn softmax(c: &mut [Candidate]) {
         x.p = (x.p as f64 / sum) as f32;
     }
 }
+// ANCHOR_END: stages
 
+// ANCHOR: top_k_p
 /// Keep the `k` candidates with the highest logits (all when `k` is 0).
 pub fn top_k(c: &mut Vec<Candidate>, k: usize) {
     // ANCHOR: yours_top_k
@@ -175,7 +177,9 @@ pub fn top_p(c: &mut Vec<Candidate>, p: f32) {
     }
     // ANCHOR_END: yours_top_p
 }
+// ANCHOR_END: top_k_p
 
+// ANCHOR: min_p_temperature
 /// Keep candidates whose probability is at least `p` times the largest one. In logits:
 /// `logit >= max_logit + ln(p)`.
 pub fn min_p(c: &mut Vec<Candidate>, p: f32) {
@@ -210,7 +214,7 @@ pub fn temperature(c: &mut Vec<Candidate>, t: f32) {
     }
     // ANCHOR_END: yours_temperature
 }
-// ANCHOR_END: stages
+// ANCHOR_END: min_p_temperature
 
 /// A sampler chain with its own random number generator.
 pub struct Sampler {

@@ -168,7 +168,11 @@ fn the_generation_loop_produces_llama_cpp_tokens() {
         streamed.push_str(s)
     })
     .unwrap();
-    assert_eq!(g.ids, want[..g.ids.len()], "{id}");
+    testkit::assert_same_sequence(
+        &format!("{id}: greedy token ids"),
+        &g.ids,
+        &want[..g.ids.len()],
+    );
     assert_eq!(streamed, g.text);
     assert_eq!(g.text, tok.decode(&g.ids));
 }

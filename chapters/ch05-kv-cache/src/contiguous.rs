@@ -1,4 +1,5 @@
-//! A contiguous KV cache: one preallocated buffer per layer, for one sequence.
+//! A contiguous KV cache: one preallocated buffer of keys and one of values, holding every
+//! layer of one sequence.
 //!
 //! Memory per token: 2 (K and V) × n_layer × n_head_kv × head_dim × 4 bytes. For SmolLM2-135M:
 //! 2 × 30 × 3 × 64 × 4 = 46,080 bytes, so its full 8,192-token context takes 377 MB. Grouped-
@@ -33,6 +34,7 @@ pub struct ContiguousCache {
     v: RowBuf,  // (n_layer, capacity, kv_dim) in types.v
     len: usize, // positions stored so far (the next position to write)
 }
+// ANCHOR_END: contiguous
 
 impl ContiguousCache {
     /// A cache shaped for `model` (its layers, its key and value width) holding `n_ctx`
@@ -71,6 +73,7 @@ impl ContiguousCache {
         Self::try_typed(n_layer, kv_dim, capacity, overflow, CacheTypes::F32)
     }
 
+    // ANCHOR: contiguous_new
     /// [`ContiguousCache::try_new`] keeping keys and values in `types`.
     pub fn try_typed(
         n_layer: usize,
@@ -96,6 +99,7 @@ impl ContiguousCache {
             len: 0,
         })
     }
+    // ANCHOR_END: contiguous_new
 
     /// A cache for `model` holding `n_ctx` positions in `types`, refusing to overflow; an
     /// error if the types cannot hold the model's heads or the size does not fit.
@@ -147,14 +151,15 @@ impl ContiguousCache {
         self.len = self.len.min(pos);
     }
 
+    // ANCHOR: slot
     /// The row of `pos` in `layer`.
     fn slot(&self, layer: usize, pos: usize) -> usize {
         // ANCHOR: yours_slot
         layer * self.capacity + pos % self.capacity
         // ANCHOR_END: yours_slot
     }
+    // ANCHOR_END: slot
 }
-// ANCHOR_END: contiguous
 
 /// A view of one layer.
 pub struct ContiguousView<'a> {
@@ -186,6 +191,7 @@ impl ContiguousView<'_> {
     }
 }
 
+// ANCHOR: contiguous_store
 impl KvStore for ContiguousCache {
     type View<'a> = ContiguousView<'a>;
 
@@ -236,3 +242,4 @@ impl KvStore for ContiguousCache {
         ContiguousView { cache: self, layer }
     }
 }
+// ANCHOR_END: contiguous_store

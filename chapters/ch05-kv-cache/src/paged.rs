@@ -81,6 +81,7 @@ impl BlockAllocator {
 }
 // ANCHOR_END: allocator
 
+// ANCHOR: paged
 /// A sequence's blocks and length.
 #[derive(Debug, Clone, Default)]
 pub struct BlockTable {
@@ -99,6 +100,7 @@ pub struct PagedCache {
     pub allocator: BlockAllocator,
     tables: Vec<Option<BlockTable>>, // by sequence id
 }
+// ANCHOR_END: paged
 
 impl PagedCache {
     /// A pool of `n_blocks` blocks of `block_size` positions.
@@ -175,6 +177,7 @@ impl PagedCache {
         self.table(seq).map_or(0, |t| t.len)
     }
 
+    // ANCHOR: fork
     /// Start `dst` as a copy of `src`'s first `n` positions without copying anything: the
     /// blocks are shared and their reference counts go up. `dst` must not exist.
     pub fn fork(&mut self, src: usize, dst: usize, n: usize) -> Result<(), KvError> {
@@ -195,6 +198,7 @@ impl PagedCache {
         let blocks = t.blocks[..n.div_ceil(self.block_size)].to_vec();
         self.attach(dst, &blocks, n)
     }
+    // ANCHOR_END: fork
 
     /// Start sequence `seq` from existing `blocks` holding `n` positions (retaining each): how
     /// a prefix cache hands cached blocks to a new request.
@@ -232,6 +236,7 @@ impl PagedCache {
         }
     }
 
+    // ANCHOR: offset
     /// The row of position `row` of `block` in `layer`.
     fn offset(&self, block: BlockId, layer: usize, row: usize) -> usize {
         // ANCHOR: yours_offset
@@ -245,6 +250,7 @@ impl PagedCache {
         self.k.copy_rows(f, t, n, self.kv_dim);
         self.v.copy_rows(f, t, n, self.kv_dim);
     }
+    // ANCHOR_END: offset
 }
 
 /// A view of one layer of one sequence.
@@ -276,10 +282,10 @@ impl PagedView<'_> {
     }
 }
 
-// ANCHOR: reserve
 impl KvStore for PagedCache {
     type View<'a> = PagedView<'a>;
 
+    // ANCHOR: reserve
     /// Grow `seq`'s block table to cover `positions`, copying a shared last block before it is
     /// written (copy-on-write). All blocks are found before any is taken, so a full pool leaves
     /// the cache unchanged.
@@ -335,6 +341,7 @@ impl KvStore for PagedCache {
         Ok(())
         // ANCHOR_END: yours_reserve
     }
+    // ANCHOR_END: reserve
 
     fn store(&mut self, layer: usize, seq: usize, pos: usize, k: &[f32], v: &[f32]) {
         let t = self.tables[seq].as_ref().expect("reserved");
@@ -356,4 +363,3 @@ impl KvStore for PagedCache {
         }
     }
 }
-// ANCHOR_END: reserve

@@ -18,36 +18,6 @@ pub struct Cached<'m, K: KvStore> {
     scratch: Scratch,
 }
 
-impl<'m> Cached<'m, crate::ContiguousCache> {
-    /// A session with a contiguous cache of `n_ctx` positions (the model's run context,
-    /// [`Model::n_ctx`], when `None`, and never more) that refuses to overflow, and prefill
-    /// chunks of 256 tokens: what the examples use.
-    pub fn contiguous(model: &'m Model, n_ctx: Option<usize>) -> Self {
-        let n_ctx = n_ctx.map_or(model.n_ctx(), |n| n.min(model.n_ctx()));
-        Cached::new(model, crate::ContiguousCache::for_model(model, n_ctx), 256)
-    }
-}
-
-impl<'m, K: KvStore> Cached<'m, K> {
-    pub fn new(model: &'m Model, kv: K, chunk: usize) -> Self {
-        Cached {
-            model,
-            kv,
-            n_past: 0,
-            chunk: chunk.max(1),
-            batch: Batch::default(),
-            scratch: Scratch::default(),
-        }
-    }
-}
-
-impl<K: KvStore> Cached<'_, K> {
-    /// The logits of the last call.
-    pub fn logits(&self) -> &[f32] {
-        &self.scratch.logits
-    }
-}
-
 impl<K: KvStore> Session for Cached<'_, K> {
     type Error = ForwardError;
 
@@ -80,3 +50,35 @@ impl<K: KvStore> Session for Cached<'_, K> {
     }
 }
 // ANCHOR_END: session
+
+// ANCHOR: session_new
+impl<'m> Cached<'m, crate::ContiguousCache> {
+    /// A session with a contiguous cache of `n_ctx` positions (the model's run context,
+    /// [`Model::n_ctx`], when `None`, and never more) that refuses to overflow, and prefill
+    /// chunks of 256 tokens: what the examples use.
+    pub fn contiguous(model: &'m Model, n_ctx: Option<usize>) -> Self {
+        let n_ctx = n_ctx.map_or(model.n_ctx(), |n| n.min(model.n_ctx()));
+        Cached::new(model, crate::ContiguousCache::for_model(model, n_ctx), 256)
+    }
+}
+
+impl<'m, K: KvStore> Cached<'m, K> {
+    pub fn new(model: &'m Model, kv: K, chunk: usize) -> Self {
+        Cached {
+            model,
+            kv,
+            n_past: 0,
+            chunk: chunk.max(1),
+            batch: Batch::default(),
+            scratch: Scratch::default(),
+        }
+    }
+}
+// ANCHOR_END: session_new
+
+impl<K: KvStore> Cached<'_, K> {
+    /// The logits of the last call.
+    pub fn logits(&self) -> &[f32] {
+        &self.scratch.logits
+    }
+}

@@ -9,7 +9,7 @@ use ch05::{
 };
 use std::sync::OnceLock;
 use testkit::refdata::{self, TensorFile};
-use testkit::{Tolerance, assert_close};
+use testkit::{Tolerance, assert_close, assert_same_sequence};
 
 /// Exact: in this engine every token's row is computed by the same arithmetic whatever else is
 /// in the batch (each output is one dot product, attention reads the same stored keys), so
@@ -142,7 +142,7 @@ fn cached_logits_equal_uncached_at_every_step() {
     ];
     for (name, mut session) in variants {
         let (ids, logits) = run(session.as_mut(), &prompt);
-        assert_eq!(ids, greedy, "{name}");
+        assert_same_sequence(&format!("{name}: greedy token ids, by step"), &ids, &greedy);
         for (step, l) in logits.iter().enumerate() {
             assert_close(
                 &format!("{name}: step {step}"),
@@ -172,10 +172,10 @@ fn decode_steps_and_greedy_continuation_match_llama_cpp() {
         Overflow::Error,
     );
     let (got, logits) = run(&mut Cached::new(model, kv, 512), &prompt);
-    assert_eq!(
-        got,
-        want[..STEPS],
-        "{id}: greedy continuation differs from llama.cpp's"
+    assert_same_sequence(
+        &format!("{id}: greedy continuation (llama.cpp's is the reference)"),
+        &got,
+        &want[..STEPS],
     );
 
     let refs = TensorFile::open(&format!("prompts/{id}.decode.safetensors"))

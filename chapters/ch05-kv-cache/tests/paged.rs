@@ -69,7 +69,13 @@ fn check_invariants(
                 let want: Vec<f32> = (0..KV_DIM).map(|c| value(tok, layer, c)).collect();
                 prop_assert_eq!(read(view.key(pos)), want.clone(), "seq {} pos {}", seq, pos);
                 let want: Vec<f32> = want.iter().map(|v| -v).collect();
-                prop_assert_eq!(read(view.value(pos)), want);
+                prop_assert_eq!(
+                    read(view.value(pos)),
+                    want,
+                    "value: seq {} pos {}",
+                    seq,
+                    pos
+                );
             }
         }
     }

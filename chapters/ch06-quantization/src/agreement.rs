@@ -250,6 +250,8 @@ pub fn teacher_forced_with(
             "mean |logit difference| {mean_abs_logit:.3} exceeds {max_mean_abs_logit}"
         ));
     }
+    // ANCHOR_END: teacher_forced
+    // ANCHOR: teacher_forced_steps
     let mut ties = Vec::new();
     for (step, &t) in continuation.iter().enumerate() {
         match greedy_step_within(row(step), t as usize, tie) {
@@ -298,7 +300,7 @@ pub fn teacher_forced(
 ) -> Result<Agreement, String> {
     teacher_forced_with(&Margins::QUANTIZED, want_next, ours, continuation)
 }
-// ANCHOR_END: teacher_forced
+// ANCHOR_END: teacher_forced_steps
 
 /// Near-ties must stay rare: at most [`MAX_TIE_FRACTION`] of `steps` (over every run checked).
 pub fn check_tie_fraction(near_ties: usize, steps: usize) -> Result<(), String> {

@@ -88,6 +88,7 @@ pub struct GgufWriter {
     /// Bytes of the data section so far: every tensor padded to the alignment.
     data_len: u64,
 }
+// ANCHOR_END: writer
 
 impl GgufWriter {
     /// An empty file.
@@ -118,6 +119,7 @@ impl GgufWriter {
         self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    // ANCHOR: writer_set
     /// Set `key` as ggml's `gguf_set_val_*` does: an existing entry is removed and the new one
     /// goes last. (This is why llama.cpp's quantized files end with `general.file_type`.)
     pub fn set(&mut self, key: &str, value: Value) -> Result<(), WriteError> {
@@ -153,7 +155,9 @@ impl GgufWriter {
         let i = self.metadata.iter().position(|(k, _)| k == key)?;
         Some(self.metadata.remove(i).1)
     }
+    // ANCHOR_END: writer_set
 
+    // ANCHOR: add_tensor
     /// Add a tensor of shape `dims` (ggml order: `dims[0]` is a row) and type `ty`; its data
     /// goes after the previous tensor's, at the next multiple of the alignment.
     pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType) -> Result<(), WriteError> {
@@ -211,7 +215,9 @@ impl GgufWriter {
         self.tensors.push(info);
         Ok(())
     }
+    // ANCHOR_END: add_tensor
 
+    // ANCHOR: header
     /// The header: everything before the data section, padding included (ggml's
     /// `gguf_get_meta_data`).
     pub fn header(&self) -> Vec<u8> {
@@ -242,7 +248,9 @@ impl GgufWriter {
     pub fn file_size(&self) -> u64 {
         self.header().len() as u64 + self.data_len
     }
+    // ANCHOR_END: header
 
+    // ANCHOR: write
     /// Write the file to `w`: the header, then each tensor's bytes as `data` returns them (in
     /// the order the tensors were added), each padded to the alignment. A tensor whose bytes
     /// are not exactly its size is an error. Returns the bytes written.
@@ -286,7 +294,9 @@ impl GgufWriter {
         }
         Ok(written)
     }
+    // ANCHOR_END: write
 
+    // ANCHOR: write_file
     /// Write the file at `path`, through `path` + `.tmp`, renamed to `path` once complete and
     /// flushed to disk. On any error the temporary file is removed and `path` is untouched.
     pub fn write_file<F, D, E>(&self, path: impl AsRef<Path>, data: F) -> Result<u64, WriteError>
@@ -334,8 +344,8 @@ impl GgufWriter {
         file.sync_all().map_err(io)?;
         Ok(n)
     }
+    // ANCHOR_END: write_file
 }
-// ANCHOR_END: writer
 
 /// Arrays must hold values of their element type, and an array of arrays is written without
 /// knowing its elements' element type, so each inner array is checked the same way.
@@ -354,6 +364,7 @@ fn check_value(key: &str, value: &Value) -> Result<(), WriteError> {
     Ok(())
 }
 
+// ANCHOR: put_value
 fn put_str(h: &mut Vec<u8>, s: &str) {
     h.extend_from_slice(&(s.len() as u64).to_le_bytes());
     h.extend_from_slice(s.as_bytes());
@@ -382,6 +393,7 @@ fn put_value(h: &mut Vec<u8>, v: &Value) {
         }
     }
 }
+// ANCHOR_END: put_value
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,33 @@ pub struct QMatrix<S = Vec<u8>> {
     vec_dot: VecDot,
 }
 
+impl<S: AsRef<[u8]> + Send + Sync> Matrix for QMatrix<S> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let q = self.quantize_activations(x);
+        let arb = self.act_row_bytes();
+        for r in 0..self.rows {
+            for (t, a) in q.chunks_exact(arb).enumerate() {
+                out[t * self.rows + r] = self.dot(r, a);
+            }
+        }
+    }
+    fn get_row(&self, r: usize, out: &mut [f32]) {
+        (self.traits.to_float)(self.row(r), out);
+    }
+    fn describe(&self) -> String {
+        format!("{} quantized", self.ty.name())
+    }
+}
+// ANCHOR_END: qmatrix
+
 impl<S: AsRef<[u8]>> QMatrix<S> {
+    // ANCHOR: qmatrix_new
     /// Wrap `data` (rows of `ty` blocks) as a `(rows, cols)` matrix, checking that `ty` has
     /// kernels, that `cols` is a whole number of blocks and that `data` has exactly the bytes.
     pub fn new(
@@ -71,7 +97,9 @@ impl<S: AsRef<[u8]>> QMatrix<S> {
             vec_dot,
         })
     }
+    // ANCHOR_END: qmatrix_new
 
+    // ANCHOR: qmatrix_dot
     /// Bytes of one activation row in the `vec_dot_type`.
     pub fn act_row_bytes(&self) -> usize {
         self.cols / self.act.block_size * self.act.type_size
@@ -97,32 +125,8 @@ impl<S: AsRef<[u8]>> QMatrix<S> {
     pub fn dot(&self, r: usize, act: &[u8]) -> f32 {
         (self.vec_dot)(self.cols, self.row(r), act)
     }
+    // ANCHOR_END: qmatrix_dot
 }
-
-impl<S: AsRef<[u8]> + Send + Sync> Matrix for QMatrix<S> {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn matmul(&self, x: &[f32], out: &mut [f32]) {
-        let q = self.quantize_activations(x);
-        let arb = self.act_row_bytes();
-        for r in 0..self.rows {
-            for (t, a) in q.chunks_exact(arb).enumerate() {
-                out[t * self.rows + r] = self.dot(r, a);
-            }
-        }
-    }
-    fn get_row(&self, r: usize, out: &mut [f32]) {
-        (self.traits.to_float)(self.row(r), out);
-    }
-    fn describe(&self) -> String {
-        format!("{} quantized", self.ty.name())
-    }
-}
-// ANCHOR_END: qmatrix
 
 /// Keeps every matrix in the file's own format (copied into memory; chapter 10 maps it).
 pub struct QuantLoader;

@@ -53,6 +53,7 @@ pub enum LlamaFtype {
     Q6_K = 18,
     BF16 = 32,
 }
+// ANCHOR_END: ftype
 
 impl LlamaFtype {
     pub const ALL: [LlamaFtype; 17] = {
@@ -105,6 +106,7 @@ impl LlamaFtype {
         LlamaFtype::ALL.into_iter().find(|f| f.id() == id)
     }
 
+    // ANCHOR: default_type
     /// `llama_ftype_get_default_type`: the type a weight gets unless a rule says otherwise.
     pub const fn default_type(self) -> GgmlType {
         use LlamaFtype as F;
@@ -124,6 +126,7 @@ impl LlamaFtype {
             F::Q6_K => GgmlType::Q6_K,
         }
     }
+    // ANCHOR_END: default_type
 }
 
 impl fmt::Display for LlamaFtype {
@@ -131,7 +134,6 @@ impl fmt::Display for LlamaFtype {
         f.write_str(self.name())
     }
 }
-// ANCHOR_END: ftype
 
 /// Why a recipe, a list of types or a quantization could not be made.
 #[derive(Debug)]
@@ -344,11 +346,13 @@ struct State<'a> {
     i_ffn_up: usize,
 }
 
+// ANCHOR: use_more_bits
 /// `use_more_bits`: the first and last eighth of the layers, and every third one between.
 fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
     let (i, n) = (i_layer as i64, n_layers as i64);
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
+// ANCHOR_END: use_more_bits
 
 impl State<'_> {
     /// The layer of the `i`-th tensor of a kind: its position among them for a dense model,
@@ -411,6 +415,8 @@ impl State<'_> {
                 new = Q8_0;
             }
             self.i_attention_wv += 1;
+            // ANCHOR_END: get_type_impl
+            // ANCHOR: get_type_impl_rest
         } else if cat == Category::AttnK {
             if facts.n_expert == 8 {
                 new = Q8_0;
@@ -464,7 +470,7 @@ impl State<'_> {
         // (llama.cpp's separate rule for attn_qkv is never reached: the attn_v branch takes it.)
         Ok(new)
     }
-    // ANCHOR_END: get_type_impl
+    // ANCHOR_END: get_type_impl_rest
 }
 
 // ANCHOR: fallback

@@ -8,7 +8,11 @@
 use ch06::ch01::gguf::ValueType;
 use ch06::ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
 use ch06::recipe::{LlamaFtype, Plan, TypeList, allows_quantization, fallback};
+use testkit::assert_same_sequence;
 use testkit::refdata::QUANT_VARIANTS;
+
+/// Failures listed in a message: one root cause usually breaks many tensors alike.
+const SHOW: usize = 10;
 
 fn type_named(name: &str) -> GgmlType {
     GgmlType::from_name(name).unwrap_or_else(|| panic!("quant/variants.json: unknown type {name}"))
@@ -50,13 +54,15 @@ fn the_recipe_chooses_llama_cpps_type_for_every_tensor() {
             .collect();
         assert!(
             differ.is_empty(),
-            "{} tensors differ:\n{}",
+            "{} tensors differ; the first {}:\n{}",
             differ.len(),
-            differ.join("\n")
+            differ.len().min(SHOW),
+            differ[..differ.len().min(SHOW)].join("\n")
         );
-        assert_eq!(
-            plan.tensors, want,
-            "{variant}: same types, but not in llama.cpp's order"
+        assert_same_sequence(
+            &format!("{variant}: same types, but not in llama.cpp's order"),
+            &plan.tensors,
+            &want,
         );
         checked.push(format!("{variant}: {:?}", plan.type_counts()));
         variants.push(variant.as_str());
@@ -253,7 +259,11 @@ fn a_list_of_types_reproduces_a_mix_exactly() {
         .unwrap()
         .with_list(&model.gguf, &list)
         .unwrap();
-    assert_eq!(rebuilt.tensors, q4km.tensors);
+    assert_same_sequence(
+        "Q8_0 plan with the Q4_K_M list",
+        &rebuilt.tensors,
+        &q4km.tensors,
+    );
 }
 
 #[test]

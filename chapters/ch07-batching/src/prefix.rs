@@ -183,6 +183,8 @@ impl PrefixCache {
                 id
             }
         };
+        // ANCHOR_END: insert
+        // ANCHOR: insert_walk
         let (mut node, mut i) = (root, 0); // i: blocks of `tokens` matched so far
         loop {
             self.nodes[node].last_used = self.clock;
@@ -224,7 +226,7 @@ impl PrefixCache {
             i += j;
         }
     }
-    // ANCHOR_END: insert
+    // ANCHOR_END: insert_walk
 
     /// Cut `child`'s label after `j` blocks (0 < j < its length): a new node takes the first
     /// part and becomes `child`'s parent. Returns the new node.

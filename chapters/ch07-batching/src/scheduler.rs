@@ -413,6 +413,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 vocab,
             });
         }
+        // ANCHOR_END: submit
+        // ANCHOR: submit_fits
         // The last generated token is never fed back, so it takes no position.
         let positions = prompt
             .len()
@@ -448,7 +450,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         });
         Ok(id)
     }
-    // ANCHOR_END: submit
+    // ANCHOR_END: submit_fits
 
     /// Run steps until every request is done. Returns them in the order they finished.
     pub fn run(&mut self, sink: &mut dyn Sink) -> Result<Vec<Finished>, SchedulerError> {
@@ -492,7 +494,9 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         self.stats.computed_tokens += self.batch.len();
         report.n_tokens = self.batch.len();
         report.n_seqs = plan.len();
+        // ANCHOR_END: step
 
+        // ANCHOR: step_sample
         // Sample for every sequence whose chunk reached its end, in batch order.
         let vocab = self.model.vocab_size();
         let mut rows = logits.chunks_exact(vocab);
@@ -529,7 +533,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         self.plan = plan;
         Ok(report)
     }
-    // ANCHOR_END: step
+    // ANCHOR_END: step_sample
 
     // ANCHOR: plan
     /// Decide this step's batch: decodes first, then prompt chunks and admissions oldest

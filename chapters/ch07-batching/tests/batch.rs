@@ -18,9 +18,8 @@ use testkit::{Tolerance, assert_close};
 /// Batched and alone must agree bit for bit. In this engine a token's row is computed by the
 /// same arithmetic whatever else is in the batch: each matrix product quantizes and multiplies
 /// each activation row with each weight row on its own, norms and RoPE are per row, and
-/// attention reads the
-/// token's own sequence in position order, whether its keys come from this step, an earlier
-/// one, or a block the prefix cache kept.
+/// attention reads the token's own sequence in position order, whether its keys come from this
+/// step, an earlier one, or a block the prefix cache kept.
 const BATCH_TOL: Tolerance = Tolerance::EXACT;
 
 const N_GEN: usize = 16;
@@ -139,7 +138,7 @@ fn check_against_alone(name: &str, id: usize, got: &Collect, want: &Alone) {
         );
     }
     let ids: Vec<u32> = steps.iter().map(|(t, _)| *t).collect();
-    assert_eq!(ids, want.ids, "{name}: request {id}: tokens");
+    testkit::assert_same_sequence(&format!("{name}: request {id}: tokens"), &ids, &want.ids);
     assert_eq!(
         got.text.get(&id).map_or("", |s| s.as_str()),
         want.text,

@@ -6,9 +6,10 @@
 //! - `prefill`: the forward pass of a 128-token prompt into an empty cache.
 //!
 //! Members: `scalar_1t` (chapter 6's engine: scalar kernels, one thread), `simd_1t` and
-//! `simd_2t` (this chapter's: the detected kernel set, packed rows where it can, our spin
-//! pool with one and two threads), and `simd_2t_rayon` (the same on a rayon pool). Every
-//! engine's logits are compared with chapter 6's before anything is timed.
+//! `simd_2t` (this chapter's: the detected kernel set for products, attention and norms,
+//! packed rows where it can, our spin pool with one and two threads), and `simd_2t_rayon`
+//! (the same on a rayon pool). Every engine's logits are compared with chapter 6's before
+//! anything is timed.
 //!
 //! - `fork_join`: `Parallel::run` with one task per thread, each waiting until all have
 //!   started: what a matrix product pays to wake the threads and wait for them, 211 times per
@@ -35,43 +36,26 @@ fn tokens() -> Vec<u32> {
 }
 
 fn engines(file: &GgufFile) -> Vec<(&'static str, Model)> {
-    let fast = |pool: Arc<dyn Parallel>| FastLoader {
-        kernels: KernelSet::detect(),
-        pool,
-        pack: true,
+    // This chapter's engine whole: packed products and its attention and norms
+    // (`FastLoader::compute`), as `generate_simd` and the finished engine run it.
+    let fast = |pool: Arc<dyn Parallel>| {
+        let loader = FastLoader {
+            kernels: KernelSet::detect(),
+            pool,
+            pack: true,
+        };
+        Model::load(file, &loader, &ch08::architectures())
+            .unwrap()
+            .with_compute(loader.compute())
     };
     vec![
         (
             "scalar_1t",
             Model::load(file, &QuantLoader, &ch08::architectures()).unwrap(),
         ),
-        (
-            "simd_1t",
-            Model::load(
-                file,
-                &fast(Arc::new(SpinPool::new(1))),
-                &ch08::architectures(),
-            )
-            .unwrap(),
-        ),
-        (
-            "simd_2t",
-            Model::load(
-                file,
-                &fast(Arc::new(SpinPool::new(2))),
-                &ch08::architectures(),
-            )
-            .unwrap(),
-        ),
-        (
-            "simd_2t_rayon",
-            Model::load(
-                file,
-                &fast(Arc::new(RayonPool::new(2))),
-                &ch08::architectures(),
-            )
-            .unwrap(),
-        ),
+        ("simd_1t", fast(Arc::new(SpinPool::new(1)))),
+        ("simd_2t", fast(Arc::new(SpinPool::new(2)))),
+        ("simd_2t_rayon", fast(Arc::new(RayonPool::new(2)))),
     ]
 }
 

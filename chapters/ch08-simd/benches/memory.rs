@@ -10,9 +10,8 @@
 //! example prints that). Every member's output is checked against `plain`'s before anything
 //! is timed: prefetching and page size change where bytes come from, never the result.
 //!
-//! cargo bench -p ch08 --bench memory, then
-//! `scripts/criterion-table mul_mat_vec_q8_0_262144x640 book/src/generated/ch08-memory.md --param threads`
-//! for the book's table.
+//! cargo bench -p ch08 --bench memory; `scripts/machine-tables ch08-memory` runs it and writes
+//! the book's table.
 
 use ch08::ch01::GgmlType;
 use ch08::ch03::matrix::Matrix;

@@ -313,7 +313,11 @@ impl FastLoader {
             self.pool.clone(),
         ))
     }
+}
+// ANCHOR_END: loader
 
+// ANCHOR: loader_matrix
+impl FastLoader {
     /// A matrix over `data` (rows of `info`'s type): how chapter 10 hands in mapped bytes.
     pub fn matrix<S: AsRef<[u8]> + Send + Sync + 'static>(
         &self,
@@ -341,7 +345,9 @@ impl FastLoader {
         )
     }
 }
+// ANCHOR_END: loader_matrix
 
+// ANCHOR: matrix_loader
 impl MatrixLoader for FastLoader {
     fn load(
         &self,
@@ -367,4 +373,4 @@ impl MatrixLoader for FastLoader {
         )?))
     }
 }
-// ANCHOR_END: loader
+// ANCHOR_END: matrix_loader

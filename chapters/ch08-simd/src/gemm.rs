@@ -1009,6 +1009,8 @@ mod avx512 {
                 let mut isum = [_mm512_setzero_si512(); N];
                 let mut isum2 = [_mm512_setzero_si512(); N];
                 let split = N <= 2;
+                // ANCHOR_END: kernel
+                // ANCHOR: kernel_sums
                 if q8 {
                     let qs = unit.add(h * 512);
                     for c in 0..8 {
@@ -1043,6 +1045,8 @@ mod avx512 {
                         }
                     }
                 }
+                // ANCHOR_END: kernel_sums
+                // ANCHOR: kernel_terms
                 let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d + 32 * h) as *const _));
                 let mx = if min {
                     _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.m + 32 * h) as *const _))
@@ -1080,7 +1084,7 @@ mod avx512 {
             unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
         }
     }
-    // ANCHOR_END: kernel
+    // ANCHOR_END: kernel_terms
 
     /// Q4_K: per super-block and row, `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy`, the two
     /// sums over the 8 sub-blocks exact in 32-bit integers.

@@ -72,6 +72,7 @@ pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
 /// its CPU between polls: a few microseconds, the typical gap between two products.
 const PAUSE_SPINS: u32 = 2000;
 
+// ANCHOR: spin_shared
 /// The job being run, published to the workers.
 struct Job {
     task: *const (dyn Fn(usize) + Sync),
@@ -99,6 +100,7 @@ struct Shared {
     panicked: AtomicBool,
     shutdown: AtomicBool,
 }
+// ANCHOR_END: spin_shared
 
 // SAFETY: `job` is written only by the thread in `run`, while the job is closed and no worker
 // is `active`, and read by workers only while they are counted in `active` and saw the job
@@ -110,6 +112,7 @@ unsafe impl Sync for Shared {}
 // is used only under the protocol above.
 unsafe impl Send for Shared {}
 
+// ANCHOR: spin_work
 impl Shared {
     /// Take tasks from the counter until none are left.
     ///
@@ -137,6 +140,7 @@ impl Shared {
         }
     }
 }
+// ANCHOR_END: spin_work
 
 // ANCHOR: spin_pool
 /// A persistent pool: `threads - 1` workers plus the calling thread, which takes part in every
@@ -154,6 +158,7 @@ pub struct SpinPool {
     /// running) runs its tasks on the calling thread instead of waiting.
     busy: Mutex<()>,
 }
+// ANCHOR_END: spin_pool
 
 impl SpinPool {
     pub fn new(threads: usize) -> SpinPool {
@@ -191,6 +196,9 @@ impl SpinPool {
     }
 }
 
+// ANCHOR: spin_worker
+/// A worker's life: wait for the next job (polling, then yielding its CPU between polls, then
+/// asleep), take tasks from it until none are left, and again, until the pool shuts down.
 fn worker(s: &Shared) {
     let mut seen = 0;
     loop {
@@ -240,7 +248,9 @@ fn worker(s: &Shared) {
         s.active.fetch_sub(1, Ordering::Release);
     }
 }
+// ANCHOR_END: spin_worker
 
+// ANCHOR: spin_run
 impl Parallel for SpinPool {
     fn threads(&self) -> usize {
         self.workers.len() + 1
@@ -292,7 +302,7 @@ impl Parallel for SpinPool {
         format!("spin pool, {} threads", self.threads())
     }
 }
-// ANCHOR_END: spin_pool
+// ANCHOR_END: spin_run
 
 /// Spin until `ready()`, yielding the CPU now and then in case the thread we wait for is
 /// waiting for a CPU.

@@ -1,9 +1,10 @@
 //! The rest of the layer at SIMD speed, on the thread pool: chapter 4's [`Compute`] seam.
 //!
 //! Once the products are fast, the work between them is what is left: at 2 threads on
-//! SmolLM2-135M, chapter 3's scalar attention, RMSNorm, SwiGLU and the residual adds were a
-//! third of every decoded token and more than half of a prompt, on one thread. [`SimdCompute`]
-//! runs all of it with vector kernels and spreads it over the same pool as the products:
+//! SmolLM2-135M, chapter 3's scalar attention, RMSNorm, SwiGLU and the residual adds were
+//! about half of every decoded token and more than half of a prompt, on one thread (the
+//! `breakdown` example measures it). [`SimdCompute`] runs all of it with vector kernels and
+//! spreads it over the same pool as the products:
 //!
 //! - **Attention** is tiled, as flash attention does it: a unit of work is the queries of one
 //!   KV head (its whole group of query heads, so each key is read once for all of them) for a
@@ -188,7 +189,7 @@ impl Out {
     }
 }
 
-// ANCHOR: attend_unit
+// ANCHOR: attend_job
 /// What every unit of one attention call shares.
 struct AttendJob<'a> {
     attn: &'a Attention,
@@ -209,6 +210,7 @@ struct Tile {
     kdec: Vec<f32>,           // (KEY_TILE, head_dim): a tile's keys, decoded from an f16/q8_0 cache
     vdec: Vec<f32>,           // (KEY_TILE, head_dim): its values, likewise
 }
+// ANCHOR_END: attend_job
 
 impl Tile {
     /// Capacity for units of up to `nq` query vectors of `hd` values and `rows` rows, so that
@@ -236,6 +238,7 @@ enum Dest {
     Partial(Out),
 }
 
+// ANCHOR: run_plan
 /// One run of an attention call — the consecutive tokens of one sequence — and how its work is
 /// cut into units: query heads of one KV head × a block of [`Q_ROWS`] rows × a segment of
 /// keys. The cut depends on the run alone, never on the rest of the call, so a query's result
@@ -257,11 +260,13 @@ struct RunPlan {
     parts: Range<usize>, // where its partials lie when split: `splits` parts of `stride`
     stride: usize,       // one split's partials, `(rows, n_head, 2 + head_dim)`
 }
+// ANCHOR_END: run_plan
 
 /// Lends a run's keys and values to a callback: the one view of a single sequence, or its own
 /// sequence's view from the store.
 type LendView<'a> = dyn Fn(&RunPlan, &mut dyn FnMut(&dyn KvView)) + Sync + 'a;
 
+// ANCHOR: run_plan_new
 impl RunPlan {
     /// The plan of `tokens[rows]` (of sequence `seq`, whose store starts at `first`), its units
     /// numbered from `units` and its partials placed at `parts`.
@@ -302,7 +307,9 @@ impl RunPlan {
         }
     }
 }
+// ANCHOR_END: run_plan_new
 
+// ANCHOR: attend_unit
 /// One unit: query heads `kvh·group..(kvh+1)·group` of rows `rows`, against keys `keys`.
 ///
 /// # Safety
@@ -347,7 +354,9 @@ unsafe fn attend_unit<S: F32Simd>(
     let (mut kdec, mut vdec) = (std::mem::take(&mut t.kdec), std::mem::take(&mut t.vdec));
     kdec.resize(KEY_TILE * hd, 0.0);
     vdec.resize(KEY_TILE * hd, 0.0);
+    // ANCHOR_END: attend_unit
 
+    // ANCHOR: attend_tile
     // Ask for the keys and values ahead of use, two tiles at a time: a decode step reads every
     // sequence's cache once, rows of one KV head a few lines apart, which the hardware does
     // not guess soon enough. Into L2 (`prefetcht1`): L1 keeps the decoded tile.
@@ -387,6 +396,8 @@ unsafe fn attend_unit<S: F32Simd>(
                 &mut vrows,
             );
         }
+        // ANCHOR_END: attend_tile
+        // ANCHOR: attend_softmax
         for r in 0..nr {
             // The keys of the tile this row sees, as indices into the tile.
             let (vlo, vhi) = t.vis[r];
@@ -425,7 +436,9 @@ unsafe fn attend_unit<S: F32Simd>(
         j0 = j1;
     }
     (t.kdec, t.vdec) = (kdec, vdec);
+    // ANCHOR_END: attend_softmax
 
+    // ANCHOR: attend_finish
     for r in 0..nr {
         for g in 0..group {
             let (qv, h) = (r * group + g, kvh * group + g);
@@ -452,7 +465,7 @@ unsafe fn attend_unit<S: F32Simd>(
         }
     }
 }
-// ANCHOR_END: attend_unit
+// ANCHOR_END: attend_finish
 
 /// Ask for part `head` of the rows of positions `keys` to be brought into the cache, read a run
 /// at a time with `run(pos, max)` as [`gather`] reads them.
@@ -572,6 +585,7 @@ unsafe fn gather<'a, S: F32Simd>(
     }
 }
 
+// ANCHOR: merge
 /// Combine the splits' partial results of query vector `(i, h)` into `out`.
 fn merge(parts: &[f32], splits: usize, stride: usize, idx: usize, out: &mut [f32]) {
     let w = out.len() + 2;
@@ -595,6 +609,7 @@ fn merge(parts: &[f32], splits: usize, stride: usize, idx: usize, out: &mut [f32
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
     out.iter_mut().for_each(|o| *o *= inv);
 }
+// ANCHOR_END: merge
 
 // The entry points: each kernel compiled for each instruction set.
 macro_rules! for_isa {
@@ -717,6 +732,7 @@ pub struct SimdCompute {
     /// thread before the work is shared out, so a worker's first unit allocates nothing either.
     tiles: Box<[Mutex<Tile>]>,
 }
+// ANCHOR_END: simd_compute
 
 impl SimdCompute {
     /// Kernels for `kernels`' instruction set, work on `pool` (share it with the matrices).
@@ -757,6 +773,7 @@ impl SimdCompute {
         }
     }
 
+    // ANCHOR: plan_runs
     /// The plans of `runs` (sequence, its tokens' indices in `tokens`, the first position its
     /// store holds), their units numbered and their partials placed one after another: in the
     /// buffer this compute keeps, so that a call allocates nothing once it has seen its size.
@@ -776,7 +793,9 @@ impl SimdCompute {
         }
         plans
     }
+    // ANCHOR_END: plan_runs
 
+    // ANCHOR: attend_plans
     /// Attention of the runs `plans` (each the consecutive tokens of one sequence of `tokens`)
     /// as one pool job: every unit of every run, then the merge of the runs whose keys were
     /// split. `view(plan, f)` lends `f` the keys and values of a run's sequence.
@@ -814,6 +833,8 @@ impl SimdCompute {
             parts.resize(last.parts.end, 0.0);
         }
         let (dst_out, dst_parts) = (Out(out.as_mut_ptr()), Out(parts.as_mut_ptr()));
+        // ANCHOR_END: attend_plans
+        // ANCHOR: attend_units
         self.pool.run(last.units.end, &|u| {
             let p = &plans[plans.partition_point(|p| p.units.end <= u)];
             let u = u - p.units.start;
@@ -859,6 +880,7 @@ impl SimdCompute {
             }
         }
     }
+    // ANCHOR_END: attend_units
 
     /// `f(range)` for ranges of `0..n` in chunks of `chunk` (a multiple of 8, so vector loops
     /// split on lane boundaries), on the pool when `n >= min_par`.
@@ -873,6 +895,7 @@ impl SimdCompute {
     }
 }
 
+// ANCHOR: attention_ops
 impl AttentionOps for SimdCompute {
     fn rope(&self, rope: &RopeTable, x: &mut [f32], head_dim: usize, tokens: &[TokenPos]) {
         let n = tokens.len();
@@ -899,6 +922,7 @@ impl AttentionOps for SimdCompute {
         let plans = self.plan(attn, tokens, [(0, 0..tokens.len(), kv.first())]);
         self.attend_plans(attn, q, tokens, &plans, &|_, f| f(kv), out);
     }
+    // ANCHOR_END: attention_ops
 
     // ANCHOR: attend_batch
     fn attend_batch(
@@ -937,6 +961,7 @@ impl AttentionOps for SimdCompute {
     }
 }
 
+// ANCHOR: compute_impl
 impl Compute for SimdCompute {
     fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         let d = weight.len();
@@ -977,7 +1002,7 @@ impl Compute for SimdCompute {
         });
     }
 }
-// ANCHOR_END: simd_compute
+// ANCHOR_END: compute_impl
 
 #[cfg(test)]
 mod tests {

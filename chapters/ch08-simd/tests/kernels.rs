@@ -87,8 +87,10 @@ fn config(default_cases: u32) -> Config {
         c.cases = default_cases;
     }
     // A failure already names the smallest failing block count; shrinking rows of thousands
-    // of bytes would take long and teach little.
-    c.max_shrink_iters = 16;
+    // of bytes would take long and teach little. (A workbench sets no shrinking at all.)
+    if std::env::var_os("PROPTEST_MAX_SHRINK_ITERS").is_none() {
+        c.max_shrink_iters = 16;
+    }
     c
 }
 

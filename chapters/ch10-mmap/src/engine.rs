@@ -353,7 +353,9 @@ pub struct Scheduled<'m> {
     pub n_ctx: usize,
     engine: &'m Engine,
 }
+// ANCHOR_END: scheduled
 
+// ANCHOR: scheduled_new
 impl<'m> Scheduled<'m> {
     /// A scheduler over `engine`'s model with room for `n_ctx` positions, at most the
     /// model's run context ([`Model::n_ctx`], which `--ctx` sets), running up to `parallel`
@@ -392,7 +394,9 @@ impl<'m> Scheduled<'m> {
         })
     }
 }
+// ANCHOR_END: scheduled_new
 
+// ANCHOR: one_request
 /// Streams the text of one request.
 struct OneRequest<'f> {
     id: RequestId,
@@ -406,7 +410,9 @@ impl Sink for OneRequest<'_> {
         }
     }
 }
+// ANCHOR_END: one_request
 
+// ANCHOR: generate
 impl Runner for Scheduled<'_> {
     fn generate(
         &mut self,
@@ -456,7 +462,9 @@ impl Runner for Scheduled<'_> {
             ids: done.ids,
         })
     }
+    // ANCHOR_END: generate
 
+    // ANCHOR: report
     fn report(&self, json: &mut Map<String, Value>) {
         let loader = match self.engine.mode {
             LoadMode::Map(_) => "mmap",
@@ -475,7 +483,7 @@ impl Runner for Scheduled<'_> {
         json.insert("memory".into(), memory.into());
     }
 }
-// ANCHOR_END: scheduled
+// ANCHOR_END: report
 
 // ANCHOR: run
 /// Run the engine as `args` say: chapter 4's command line with this chapter's loading and

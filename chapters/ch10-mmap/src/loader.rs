@@ -82,7 +82,9 @@ pub struct ViewLoader<O> {
 
 /// The loader of a memory-mapped file.
 pub type MappedLoader = ViewLoader<MappedFile>;
+// ANCHOR_END: view_loader
 
+// ANCHOR: view
 impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
     /// A loader for the file whose whole image is `file`, making matrices as `fast` does.
     pub fn new(file: SharedBytes<O>, fast: FastLoader) -> ViewLoader<O> {
@@ -125,7 +127,9 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
         self.copied.borrow().clone()
     }
 }
+// ANCHOR_END: view
 
+// ANCHOR: matrix_loader
 impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> MatrixLoader for ViewLoader<O> {
     fn load(
         &self,
@@ -147,7 +151,9 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> MatrixLoader for Vie
         self.make(gguf, info, bytes, false)
     }
 }
+// ANCHOR_END: matrix_loader
 
+// ANCHOR: make
 impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
     /// The matrix of `info` over a view of the file, packed if `pack` (and the fast loader)
     /// says so.
@@ -190,4 +196,4 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
         Ok(Box::new(matrix))
     }
 }
-// ANCHOR_END: view_loader
+// ANCHOR_END: make

@@ -71,7 +71,9 @@ pub struct SharedBytes<O> {
 pub type MappedBytes = SharedBytes<MappedFile>;
 /// A range of a file read into memory.
 pub type ReadBytes = SharedBytes<AlignedBuf>;
+// ANCHOR_END: shared_bytes
 
+// ANCHOR: slice
 impl<O: AsRef<[u8]>> SharedBytes<O> {
     /// All of `owner`.
     pub fn whole(owner: Arc<O>) -> SharedBytes<O> {
@@ -109,7 +111,9 @@ impl<O: AsRef<[u8]>> SharedBytes<O> {
         &self.owner
     }
 }
+// ANCHOR_END: slice
 
+// ANCHOR: shared_bytes_traits
 impl<O: AsRef<[u8]>> AsRef<[u8]> for SharedBytes<O> {
     fn as_ref(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.start..self.start + self.len]
@@ -125,7 +129,7 @@ impl<O> Clone for SharedBytes<O> {
         }
     }
 }
-// ANCHOR_END: shared_bytes
+// ANCHOR_END: shared_bytes_traits
 
 /// Bytes in memory aligned to 8, whatever the allocator does for `Vec<u8>` (whose alignment is
 /// 1): the file image of the read path, and the copy of a tensor whose mapped bytes are not

@@ -118,7 +118,7 @@ fn mapped_read_and_copied_models_compute_the_same_bits() {
         (copied.join().unwrap(), read.join().unwrap(), mapped)
     });
     for (name, (ids, logits)) in [("read", &read), ("copied", &copied)] {
-        assert_eq!(&mapped.0, ids, "greedy tokens: mapped vs {name}");
+        testkit::assert_same_sequence(&format!("greedy tokens: mapped vs {name}"), &mapped.0, ids);
         for (step, (a, b)) in mapped.1.iter().zip(logits).enumerate() {
             let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "step {step}: mapped and {name} logits differ");
@@ -144,7 +144,7 @@ fn the_mapped_model_continues_as_llama_cpp_does() {
     .unwrap();
     let (ids, _) = greedy(&model, &prompt);
     let n = STEPS.min(want.len());
-    assert_eq!(ids[..n], want[..n], "greedy tokens vs llama.cpp");
+    testkit::assert_same_sequence("greedy tokens vs llama.cpp", &ids[..n], &want[..n]);
 }
 
 #[test]

@@ -153,8 +153,8 @@ pub enum Prompt {
 pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 impl ChatRequest {
-    /// The conversation as chapter 2's messages. `developer` is OpenAI's newer name for
-    /// `system`.
+    /// The conversation as chapter 2's messages: at least one, each checked by
+    /// [`ChatMessage::to_message`].
     pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
@@ -165,66 +165,86 @@ impl ChatRequest {
         self.messages
             .iter()
             .enumerate()
-            .map(|(i, m)| {
-                if !ROLES.contains(&m.role.as_str()) {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        format!(
-                            "messages[{i}].role is {:?}; expected one of {}",
-                            echo(&m.role),
-                            ROLES.join(", ")
-                        ),
-                    ));
-                }
-                let role = if m.role == "developer" {
-                    "system"
-                } else {
-                    &m.role
-                };
-                if m.name.as_ref().is_some_and(|n| !n.is_null()) {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        format!(
-                            "messages[{i}].name is not supported: the chat template has no \
-                             place for a participant's name"
-                        ),
-                    ));
-                }
-                let content = match &m.content {
-                    None if m.role == "assistant" => String::new(),
-                    None => {
-                        return Err(ApiError::invalid(
-                            "messages",
-                            format!(
-                                "messages[{i}].content is missing or null; only an assistant \
-                                 message may have none"
-                            ),
-                        ));
-                    }
-                    Some(Content::Text(t)) => t.clone(),
-                    Some(Content::Parts(parts)) => {
-                        let mut text = String::new();
-                        for (j, p) in parts.iter().enumerate() {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => text.push_str(t),
-                                (kind, _) => {
-                                    return Err(ApiError::invalid(
-                                        "messages",
-                                        format!(
-                                            "messages[{i}].content[{j}] is of type {:?}: \
-                                             this model reads text parts only",
-                                            echo(kind)
-                                        ),
-                                    ));
-                                }
-                            }
-                        }
-                        text
-                    }
-                };
-                Ok(Message::new(role, &content))
-            })
+            .map(|(i, m)| m.to_message(i))
             .collect()
+    }
+}
+
+// ANCHOR: message
+impl ChatMessage {
+    /// Message `i` of a conversation as chapter 2's message, or a 400 naming what is wrong: a
+    /// role outside [`ROLES`] (`developer` is OpenAI's newer name for `system`), a participant's
+    /// name, no content outside an assistant's turn, a part that is not text.
+    pub fn to_message(&self, i: usize) -> Result<Message, ApiError> {
+        // ANCHOR: yours_message
+        if !ROLES.contains(&self.role.as_str()) {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "messages[{i}].role is {:?}; expected one of {}",
+                    echo(&self.role),
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        let role = if self.role == "developer" {
+            "system"
+        } else {
+            &self.role
+        };
+        if self.name.as_ref().is_some_and(|n| !n.is_null()) {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "messages[{i}].name is not supported: the chat template has no place for a \
+                     participant's name"
+                ),
+            ));
+        }
+        let content = match &self.content {
+            None if self.role == "assistant" => String::new(),
+            None => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!(
+                        "messages[{i}].content is missing or null; only an assistant message may \
+                         have none"
+                    ),
+                ));
+            }
+            Some(c) => c.text(i)?,
+        };
+        Ok(Message::new(role, &content))
+        // ANCHOR_END: yours_message
+    }
+}
+// ANCHOR_END: message
+
+impl Content {
+    /// The text of message `i`'s content: a string as it is, or its text parts joined (a part
+    /// of another type is a 400).
+    pub fn text(&self, i: usize) -> Result<String, ApiError> {
+        let parts = match self {
+            Content::Text(t) => return Ok(t.clone()),
+            Content::Parts(parts) => parts,
+        };
+        let mut text = String::new();
+        for (j, p) in parts.iter().enumerate() {
+            match (p.kind.as_str(), &p.text) {
+                ("text", Some(t)) => text.push_str(t),
+                (kind, _) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!(
+                            "messages[{i}].content[{j}] is of type {:?}: this model reads text \
+                             parts only",
+                            echo(kind)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(text)
     }
 }
 
@@ -488,9 +508,11 @@ impl Head {
         v
     }
 
+    // ANCHOR: chunk
     /// A stream chunk: the first one of a chat names the role; text chunks carry a delta; the
     /// last carries the finish reason.
     pub fn chunk(&self, text: Option<&str>, first: bool, stop: Option<StopReason>) -> Value {
+        // ANCHOR: yours_chunk
         let finish = stop.map(finish_reason);
         let choice = match self.endpoint {
             Endpoint::Chat => {
@@ -511,7 +533,9 @@ impl Head {
             }),
         };
         self.with_choices(true, json!([choice]))
+        // ANCHOR_END: yours_chunk
     }
+    // ANCHOR_END: chunk
 
     /// The chunk after the last choice when the client asked for `include_usage`.
     pub fn usage_chunk(&self, usage: Usage) -> Value {
@@ -789,6 +813,46 @@ mod tests {
             assert_eq!(e.param, Some("messages"));
             assert!(e.message.contains(expect), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn stream_chunks_have_openais_shape() {
+        let head = |endpoint| Head {
+            endpoint,
+            id: "chatcmpl-7".into(),
+            created: 1,
+            model: "m".into(),
+        };
+        let chat = head(Endpoint::Chat);
+        let first = chat.chunk(Some(""), true, None);
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(
+            (&first["id"], &first["created"]),
+            (&json!("chatcmpl-7"), &json!(1))
+        );
+        assert_eq!(
+            first["choices"],
+            json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null, "finish_reason": null}])
+        );
+        let text = chat.chunk(Some(" Paris"), false, None);
+        assert_eq!(text["choices"][0]["delta"], json!({"content": " Paris"}));
+        assert_eq!(text["choices"][0]["finish_reason"], Value::Null);
+        let last = chat.chunk(None, false, Some(StopReason::EndOfGeneration));
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        let completion = head(Endpoint::Completions);
+        let c = completion.chunk(Some(" Paris"), false, None);
+        assert_eq!(c["object"], "text_completion");
+        assert_eq!(
+            c["choices"],
+            json!([{"index": 0, "text": " Paris", "logprobs": null, "finish_reason": null}])
+        );
+        let c = completion.chunk(None, false, Some(StopReason::MaxTokens));
+        assert_eq!(
+            (&c["choices"][0]["text"], &c["choices"][0]["finish_reason"]),
+            (&json!(""), &json!("length"))
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! Chat messages go through chapter 2's special-token rule: the template's markers are control
 //! tokens, what users wrote is text. The `server` example is the server:
 //! `cargo run --release -p ch11 --example server -- [--model PATH] [--port 8080] [--parallel N]`.
+//! The `exchange` example serves on loopback, sends one chat request (`--stream`: streamed) and
+//! prints both sides of the exchange.
 
 pub mod api;
 pub mod server;
@@ -73,7 +75,9 @@ pub struct ServeArgs {
     /// bigger set.
     pub archs: ch10::Architectures,
 }
+// ANCHOR_END: args
 
+// ANCHOR: args_default
 impl Default for ServeArgs {
     /// llama-server's defaults where it has them (host, port, `--parallel` 4), the machine's
     /// physical cores, 64 queued, 64 tokens a step, 10 minutes a request, 8 MiB a body.
@@ -97,7 +101,7 @@ impl Default for ServeArgs {
         }
     }
 }
-// ANCHOR_END: args
+// ANCHOR_END: args_default
 
 impl ServeArgs {
     /// Refuse flags that cannot work, before anything loads.
@@ -173,6 +177,8 @@ pub fn load_observed(
     let body_limit = max_text_bytes.map_or(args.body_limit, |b| {
         server::body_limit_for(b, n_ctx).min(args.body_limit)
     });
+    // ANCHOR_END: load
+    // ANCHOR: load_worker
     let config = SchedulerConfig {
         max_batch_tokens: args.batch_tokens.max(args.parallel),
         max_running: args.parallel,
@@ -201,7 +207,7 @@ pub fn load_observed(
         body_limit,
     })
 }
-// ANCHOR_END: load
+// ANCHOR_END: load_worker
 
 /// The async runtime of a server: two threads are plenty for HTTP, since the model runs on
 /// its own thread and tokenizing on tokio's blocking pool.

@@ -603,7 +603,9 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
     // Generation ends when the context is full (the last token takes no position): that, or
     // the client's limit if smaller.
     params.max_tokens = asked.unwrap_or(usize::MAX).min(l.n_ctx - prompt.len() + 1);
+    // ANCHOR_END: generate
 
+    // ANCHOR: place
     // A place in the queue, or 503.
     if s.is_draining() {
         return Err(ApiError::shutting_down());
@@ -623,6 +625,9 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         ticket: None,
         ended: false,
     };
+    // ANCHOR_END: place
+
+    // ANCHOR: submit
     let (tx, mut rx) = unbounded_channel();
     let prompt_tokens = prompt.len();
     let response_id = format!(
@@ -655,6 +660,9 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         }
         _ => return Err(ApiError::internal("the engine thread has stopped")),
     }
+    // ANCHOR_END: submit
+
+    // ANCHOR: answer
     let head = Head {
         endpoint,
         id: response_id,
@@ -665,6 +673,7 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         let events = sse_events(head, rx, place, include_usage);
         return Ok(Sse::new(events).into_response());
     }
+    // ANCHOR: yours_collect
     let mut text = String::new();
     loop {
         match rx.recv().await {
@@ -687,8 +696,9 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
             }
         }
     }
+    // ANCHOR_END: yours_collect
 }
-// ANCHOR_END: generate
+// ANCHOR_END: answer
 
 /// The request's events as SSE: a first chunk with the role, a chunk per piece of text, a last
 /// chunk with the finish reason, the usage if asked, then `[DONE]`. The stream owns the

@@ -238,6 +238,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 // ANCHOR: engine_loop
+/// The engine thread: take commands, let go of the requests that must leave, run one step,
+/// send the events; sleep when there is nothing to run; return when every handle is dropped.
 fn engine_loop(
     engine: &Engine,
     config: SchedulerConfig,
@@ -264,6 +266,8 @@ fn engine_loop(
         } else {
             None
         };
+        // ANCHOR_END: engine_loop
+        // ANCHOR: commands
         for command in first.into_iter().chain(commands.try_iter()) {
             match command {
                 Command::Submit(ticket, job) => {
@@ -303,7 +307,9 @@ fn engine_loop(
                 Command::Close => closed = true,
             }
         }
+        // ANCHOR_END: commands
 
+        // ANCHOR: leave
         // 2. Requests whose client left, or whose time is up (or all, once closed), leave
         //    before the step.
         let now = Instant::now();
@@ -336,7 +342,9 @@ fn engine_loop(
                 let _ = l.events.send(Event::Done(outcome));
             }
         }
+        // ANCHOR_END: leave
 
+        // ANCHOR: step
         // 3. One step for everyone. A panic inside it (a bug, or chapter 12's injected fault)
         //    is caught and handled as a failed step, so one bad step does not end the server.
         if !scheduler.is_idle() {
@@ -389,7 +397,7 @@ fn engine_loop(
         *status.lock().unwrap_or_else(|e| e.into_inner()) = pool_status(&scheduler);
     }
 }
-// ANCHOR_END: engine_loop
+// ANCHOR_END: step
 
 fn pool_status(s: &Scheduler<'_, ch10::Model>) -> PoolStatus {
     let kv = s.kv();

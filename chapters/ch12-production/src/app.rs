@@ -277,8 +277,11 @@ fn endpoint(path: &str) -> &'static str {
     KNOWN.into_iter().find(|k| *k == path).unwrap_or("other")
 }
 
-/// The client's request id if it is sensible, else a new one.
+// ANCHOR: request_id
+/// The client's request id if it is sensible — 1 to [`MAX_REQUEST_ID`] letters, digits and
+/// `._:-` — else a new one: 16 random hex digits.
 fn request_id(req: &Request) -> String {
+    // ANCHOR: yours_request_id
     let given = req
         .headers()
         .get(REQUEST_ID)
@@ -293,7 +296,9 @@ fn request_id(req: &Request) -> String {
         Some(s) => s.to_string(),
         None => format!("{:016x}", rand::random::<u64>()),
     }
+    // ANCHOR_END: yours_request_id
 }
+// ANCHOR_END: request_id
 
 // ANCHOR: each_request
 /// Every request: its id, its span, its log line and its count. For a stream they are made
@@ -317,6 +322,8 @@ async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next)
     }
     let status = response.status().as_u16();
     let variant = response.extensions().get::<Answered>().map_or("", |a| a.0);
+    // ANCHOR_END: each_request
+    // ANCHOR: ended
     // Counted and logged when the body ends or is dropped.
     struct Ended {
         app: Arc<App>,
@@ -364,7 +371,7 @@ async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next)
     }
     keep_until_sent(response, ended)
 }
-// ANCHOR_END: each_request
+// ANCHOR_END: ended
 
 /// `response`, with `guard` dropped when its body has been sent (or dropped, if the client
 /// leaves) rather than now: what a stream's log line, a key's place and a connection's
@@ -554,7 +561,9 @@ impl EngineHooks {
         planted.remove(label)
     }
 }
+// ANCHOR_END: hooks
 
+// ANCHOR: hooks_observer
 impl Observer for EngineHooks {
     fn step(&self, report: &StepReport, took: Duration, status: &PoolStatus) {
         self.metrics.step(report, took, status);
@@ -610,4 +619,37 @@ impl Observer for EngineHooks {
         );
     }
 }
-// ANCHOR_END: hooks
+// ANCHOR_END: hooks_observer
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id_of(given: Option<&str>) -> String {
+        let mut req = Request::builder().uri("/v1/completions");
+        if let Some(g) = given {
+            req = req.header(REQUEST_ID, g);
+        }
+        request_id(&req.body(Body::empty()).unwrap())
+    }
+
+    #[test]
+    fn a_request_id_is_kept_only_when_it_is_sensible() {
+        assert_eq!(id_of(Some("trace-42.a:b")), "trace-42.a:b");
+        let longest = "x".repeat(MAX_REQUEST_ID);
+        assert_eq!(id_of(Some(&longest)), longest);
+        let fresh = |id: String| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        let too_long = "x".repeat(MAX_REQUEST_ID + 1);
+        for bad in [
+            None,
+            Some(""),
+            Some("a b"),
+            Some("<script>"),
+            Some(too_long.as_str()),
+        ] {
+            let id = id_of(bad);
+            assert!(fresh(id.clone()), "{bad:?} gave {id:?}");
+        }
+        assert_ne!(id_of(None), id_of(None), "a new id each time");
+    }
+}

@@ -144,22 +144,11 @@ impl Keys {
         authorization: Option<&str>,
         label: &str,
     ) -> Result<(Tenant, Admitted), Refused> {
-        let presented = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(|k| -> [u8; 32] { Sha256::digest(k.trim().as_bytes()).into() });
-        // Every stored hash is compared, each in constant time: no early exit.
-        let mut found = None;
-        if let Some(p) = presented {
-            for (i, k) in self.keys.iter().enumerate() {
-                if constant_time_eq(&p, &k.hash) {
-                    found = Some(i);
-                }
-            }
-        }
-        let Some(i) = found else {
+        let Some(i) = self.find(authorization) else {
             self.count("none", "unauthorized");
             return Err(Refused::Unauthorized);
         };
+        // ANCHOR: yours_admit
         let name = &self.keys[i].name;
         let usage = &self.usage[i];
         if self.tokens_per_minute > 0 {
@@ -204,8 +193,26 @@ impl Keys {
                 label: label.to_string(),
             },
         ))
+        // ANCHOR_END: yours_admit
     }
     // ANCHOR_END: admit
+
+    // ANCHOR: find
+    /// The key that `Authorization` header `authorization` presents (`Bearer KEY`), if it is
+    /// one of ours. Every stored hash is compared, each in constant time: no early exit, so the
+    /// time an answer takes says nothing about how close a guess was.
+    fn find(&self, authorization: Option<&str>) -> Option<usize> {
+        let presented: [u8; 32] =
+            Sha256::digest(authorization?.strip_prefix("Bearer ")?.trim().as_bytes()).into();
+        let mut found = None;
+        for (i, k) in self.keys.iter().enumerate() {
+            if constant_time_eq(&presented, &k.hash) {
+                found = Some(i);
+            }
+        }
+        found
+    }
+    // ANCHOR_END: find
 
     /// The engine finished request `label` with `tokens` tokens: charge its key.
     pub fn charge(&self, label: &str, tokens: u64) {

@@ -23,7 +23,8 @@
 //! The `production` example is the server: `cargo run --release -p ch12 --example production
 //! -- [--config FILE] [--port 8080] [--parallel N] …`; `--help` lists every flag with its
 //! environment variable. Its flags, which also come from `LLM_RS_<FLAG>` and from a TOML file,
-//! are the `flags` crate's (`flags::settings`).
+//! are the `flags` crate's (`flags::settings`). The `metrics` example shows what `/metrics`
+//! says after one request.
 //!
 //! [`Observer`]: ch11::worker::Observer
 
@@ -100,7 +101,9 @@ pub struct Args {
     /// Tokens, prompt and completion, one key may use per minute (0: no limit).
     pub key_tokens_per_minute: u64,
 }
+// ANCHOR_END: args
 
+// ANCHOR: args_default
 impl Default for Args {
     /// Chapter 11's defaults; text logs; 30 s to drain, 10 s for headers, 30 s for a body; one
     /// model.
@@ -124,7 +127,7 @@ impl Default for Args {
         }
     }
 }
-// ANCHOR_END: args
+// ANCHOR_END: args_default
 
 impl Args {
     /// Refuse settings that cannot work, before anything loads.

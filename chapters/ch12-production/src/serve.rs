@@ -206,6 +206,8 @@ impl Connections {
             self.open.count.fetch_add(1, Ordering::SeqCst);
             Some(Counted(Arc::clone(&self.open)))
         };
+        // ANCHOR_END: connection
+        // ANCHOR: connection_serve
         let tracked = Arc::clone(&activity);
         let router = self.router.clone();
         let service = tower::service_fn(move |req: Request<Incoming>| {
@@ -254,7 +256,7 @@ impl Connections {
             }
         });
     }
-    // ANCHOR_END: connection
+    // ANCHOR_END: connection_serve
 }
 
 // ANCHOR: serve
@@ -299,6 +301,9 @@ pub async fn serve(
             () = &mut shutdown => break,
         }
     }
+    // ANCHOR_END: serve
+    // ANCHOR: drain
+    // ANCHOR: yours_drain
     drop(listener);
     app.drain();
     tracing::info!(
@@ -324,8 +329,9 @@ pub async fn serve(
         tracing::warn!("connections still open after the final events; closing them");
     }
     Ok(())
+    // ANCHOR_END: yours_drain
 }
-// ANCHOR_END: serve
+// ANCHOR_END: drain
 
 /// The answer past the connection cap to anything but the probes: 503, and the connection
 /// closed.

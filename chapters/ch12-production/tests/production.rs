@@ -187,6 +187,8 @@ fn sigterm_during_8_streams_drains_and_exits_0_within_the_limit() {
     }
     let signalled = Instant::now();
     s.terminate();
+    // ANCHOR_END: sigterm_test
+    // ANCHOR: sigterm_checks
     // Each stream ends with its finish reason and [DONE]: the short ones complete, the long
     // ones are ended at the drain limit, short of their tokens.
     for (i, (n, st)) in streams.iter().enumerate() {
@@ -231,7 +233,7 @@ fn sigterm_during_8_streams_drains_and_exits_0_within_the_limit() {
     // Nothing listens any more.
     assert!(TcpStream::connect(("127.0.0.1", s.port)).is_err());
 }
-// ANCHOR_END: sigterm_test
+// ANCHOR_END: sigterm_checks
 
 #[test]
 fn sigterm_with_nothing_in_flight_exits_0_at_once() {

@@ -126,9 +126,11 @@ fn get_f32(file: &GgufFile<&[u8]>, suffix: &str) -> Result<Option<f32>, LoadErro
     Ok(Some(v))
 }
 
+// ANCHOR: swa_layers
 /// Which layers use the sliding window: `gemma3.attention.sliding_window_pattern` as one bool
 /// per layer, or as a period `p` (the last layer of every `p` is global), default [`PATTERN`].
 fn swa_layers(file: &GgufFile<&[u8]>, n_layer: usize) -> Result<Vec<bool>, LoadError> {
+    // ANCHOR: yours_swa_layers
     let key = format!("{ARCH}.attention.sliding_window_pattern");
     let period = match file.gguf.get(&key) {
         None => PATTERN,
@@ -155,7 +157,9 @@ fn swa_layers(file: &GgufFile<&[u8]>, n_layer: usize) -> Result<Vec<bool>, LoadE
     Ok((0..n_layer)
         .map(|l| period == 0 || l % period < period - 1)
         .collect())
+    // ANCHOR_END: yours_swa_layers
 }
+// ANCHOR_END: swa_layers
 
 /// The attention of the sliding-window layers for a run of `n_ctx` positions: chapter 3's,
 /// with a window and a RoPE table of their own base (never scaled: llama.cpp's
@@ -211,7 +215,9 @@ pub fn load(
     } else {
         Attention::standard_scale(hd)
     };
+    // ANCHOR_END: load
 
+    // ANCHOR: load_blocks
     let blocks = local_layers
         .iter()
         .enumerate()
@@ -248,8 +254,9 @@ pub fn load(
     };
     Ok((config, Box::new(gemma)))
 }
-// ANCHOR_END: load
+// ANCHOR_END: load_blocks
 
+// ANCHOR: norm_heads
 /// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`), using
 /// `spare` as the output and swapping it in: no buffer is allocated once both have grown.
 fn norm_heads(ops: &dyn Compute, x: &mut Vec<f32>, weight: &[f32], eps: f32, spare: &mut Vec<f32>) {
@@ -257,8 +264,9 @@ fn norm_heads(ops: &dyn Compute, x: &mut Vec<f32>, weight: &[f32], eps: f32, spa
     ops.rms_norm(x, weight, eps, spare);
     std::mem::swap(x, spare);
 }
+// ANCHOR_END: norm_heads
 
-// ANCHOR: blocks
+// ANCHOR: forward
 impl Blocks for Gemma3 {
     fn forward(
         &self,
@@ -276,13 +284,18 @@ impl Blocks for Gemma3 {
                 obs.observe(&format!("{name}-{l}"), shape, x);
             }
         };
+        // ANCHOR: yours_embed_scale
         // (1) Embeddings scaled by √d_model (ggml_scale: one f32 product each).
         let scale = (d as f32).sqrt();
         s.x.iter_mut().for_each(|v| *v *= scale);
         if obs.enabled() {
             obs.observe("inp_scaled", &[n, d], &s.x);
         }
+        // ANCHOR_END: yours_embed_scale
         for (l, w) in self.blocks.iter().enumerate() {
+            // ANCHOR_END: forward
+            // ANCHOR: forward_layer
+            // ANCHOR: yours_layer
             // (3) The sliding-window layers' attention, or the model's for the global ones.
             let attn = if w.local { &self.local } else { ctx.attention };
             s.h.resize(n * d, 0.0);
@@ -319,8 +332,12 @@ impl Blocks for Gemma3 {
             seen(obs, "ffn_post_norm", l, &[n, d], &s.h);
             ops.add(&mut s.x, &s.h);
             seen(obs, "l_out", l, &[n, d], &s.x);
+            // ANCHOR_END: yours_layer
         }
     }
+    // ANCHOR_END: forward_layer
+
+    // ANCHOR: blocks_rest
 
     fn set_context(
         &mut self,
@@ -346,12 +363,51 @@ impl Blocks for Gemma3 {
         }
     }
 }
-// ANCHOR_END: blocks
+// ANCHOR_END: blocks_rest
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ch12::ch01::Value;
+    use ch12::ch01::gguf::ValueType;
+    use ch12::ch06::gguf_write::GgufWriter;
     use ch12::{ChatTemplate, Message};
+
+    /// `swa_layers` of a file whose only metadata is `pattern`, if any, as
+    /// `gemma3.attention.sliding_window_pattern`.
+    fn layers_of(pattern: Option<Value>, n_layer: usize) -> Result<Vec<bool>, LoadError> {
+        let mut w = GgufWriter::new();
+        if let Some(v) = pattern {
+            w.set(&format!("{ARCH}.attention.sliding_window_pattern"), v)
+                .unwrap();
+        }
+        let header = w.header();
+        swa_layers(&GgufFile::from_bytes(&header[..]).unwrap(), n_layer)
+    }
+
+    /// The key's three forms, as llama.cpp reads them (`llama_hparams::set_swa_pattern`): absent
+    /// (a period of 6), a period `p` (the last layer of every `p` is global; 0: none is), and one
+    /// flag per layer (`true`: sliding window), whose count must be the number of layers. The
+    /// default model file has no such key, so only this test sees the other two.
+    #[test]
+    fn the_sliding_window_pattern_is_a_period_or_one_flag_per_layer() {
+        let (t, f) = (true, false);
+        assert_eq!(layers_of(None, 8).unwrap(), [t, t, t, t, t, f, t, t]);
+        assert_eq!(
+            layers_of(Some(Value::U32(3)), 7).unwrap(),
+            [t, t, f, t, t, f, t]
+        );
+        assert_eq!(layers_of(Some(Value::U32(1)), 3).unwrap(), [f, f, f]);
+        assert_eq!(layers_of(Some(Value::U32(0)), 3).unwrap(), [t, t, t]);
+        let flags =
+            |v: &[bool]| Value::Array(ValueType::Bool, v.iter().map(|&b| Value::Bool(b)).collect());
+        assert_eq!(
+            layers_of(Some(flags(&[f, t, t, f])), 4).unwrap(),
+            [f, t, t, f]
+        );
+        let err = layers_of(Some(flags(&[t, f])), 4).unwrap_err().to_string();
+        assert!(err.contains("2 flags for 4 layers"), "{err}");
+    }
 
     /// What llama.cpp's built-in `gemma` template (`llama-chat.cpp`) writes for the same
     /// conversation: system merged into the first user turn, contents trimmed.

@@ -28,7 +28,9 @@ impl GgufFile<Vec<u8>> {
         })
     }
 }
+// ANCHOR_END: gguf_file
 
+// ANCHOR: tensor_access
 impl<B: AsRef<[u8]>> GgufFile<B> {
     /// Parse the GGUF file image `bytes`.
     pub fn from_bytes(bytes: B) -> Result<GgufFile<B>, GgufError> {
@@ -69,7 +71,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
             .map_err(|_| dequant_error(dequant::DequantError::TooLarge(info.n_elements())))?;
         dequant::dequantize(info.ggml_type, bytes, n).map_err(dequant_error)
     }
-    // ANCHOR_END: gguf_file
+    // ANCHOR_END: tensor_access
 
     /// The bytes of the tensor `info` describes.
     pub fn bytes_of(&self, info: &TensorInfo) -> Result<&[u8], GgufError> {

@@ -345,7 +345,9 @@ fn parse(bytes: &[u8]) -> Result<Gguf, ParseError> {
         key_offsets.push(at);
     }
     drop(seen_keys);
+    // ANCHOR_END: parse
 
+    // ANCHOR: parse_tensors
     let alignment = alignment(&metadata, &key_offsets)?;
 
     let mut tensors = Vec::with_capacity(n_tensors as usize);
@@ -399,7 +401,7 @@ fn parse(bytes: &[u8]) -> Result<Gguf, ParseError> {
         data_offset,
     ))
 }
-// ANCHOR_END: parse
+// ANCHOR_END: parse_tensors
 
 /// `general.alignment`: a u32 power of two, 32 when absent.
 fn alignment(metadata: &[(String, Value)], key_offsets: &[u64]) -> Result<u64, ParseError> {

@@ -85,6 +85,20 @@ pub struct BlockQ8_1 {
 const _: () = assert!(size_of::<BlockQ8_1>() == 36);
 // ANCHOR_END: legacy_blocks
 
+// ANCHOR: block_q4_K
+/// 4.5 bits per weight: 8 sub-blocks of 32, `w = d * sc * q - dmin * m`, q in 0..16, with
+/// 6-bit `sc` and `m` per sub-block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ4_K {
+    pub d: f16,                     // super-block scale for the quantized scales
+    pub dmin: f16,                  // super-block scale for the quantized mins
+    pub scales: [u8; K_SCALE_SIZE], // 8 scales and 8 mins of 6 bits
+    pub qs: [u8; QK_K / 2],         // 4-bit quants
+}
+const _: () = assert!(size_of::<BlockQ4_K>() == 144);
+// ANCHOR_END: block_q4_K
+
 // ANCHOR: k_blocks
 /// 2.625 bits per weight: 16 sub-blocks of 16, `w = d * sc * q - dmin * m`, q in 0..4, with
 /// 4-bit `sc` and `m` per sub-block.
@@ -110,18 +124,6 @@ pub struct BlockQ3_K {
 }
 const _: () = assert!(size_of::<BlockQ3_K>() == 110);
 
-/// 4.5 bits per weight: 8 sub-blocks of 32, `w = d * sc * q - dmin * m`, q in 0..16, with
-/// 6-bit `sc` and `m` per sub-block.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
-pub struct BlockQ4_K {
-    pub d: f16,                     // super-block scale for the quantized scales
-    pub dmin: f16,                  // super-block scale for the quantized mins
-    pub scales: [u8; K_SCALE_SIZE], // 8 scales and 8 mins of 6 bits
-    pub qs: [u8; QK_K / 2],         // 4-bit quants
-}
-const _: () = assert!(size_of::<BlockQ4_K>() == 144);
-
 /// 5.5 bits per weight: as `BlockQ4_K` with a fifth bit per quant, q in 0..32.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
@@ -145,7 +147,9 @@ pub struct BlockQ6_K {
     pub d: f16,                  // super-block scale
 }
 const _: () = assert!(size_of::<BlockQ6_K>() == 210);
+// ANCHOR_END: k_blocks
 
+// ANCHOR: block_q8_K
 /// 9.125 bits per weight; only for activations of k-quant dot products. The scale is a full
 /// f32 and `bsums` holds each 16-quant group's sum, so a weight block's mins are applied once
 /// per group rather than once per weight.
@@ -157,7 +161,7 @@ pub struct BlockQ8_K {
     pub bsums: [i16; QK_K / 16], // sum of the quants in groups of 16
 }
 const _: () = assert!(size_of::<BlockQ8_K>() == 292);
-// ANCHOR_END: k_blocks
+// ANCHOR_END: block_q8_K
 
 /// A quantization block: its ggml type, how many weights it holds, and its two reference
 /// conversions (ggml's `to_float` and `from_float_ref`).

@@ -431,7 +431,9 @@ pub fn dequantize_row_q4_K(x: &[BlockQ4_K], y: &mut [f32]) {
         }
     }
 }
+// ANCHOR_END: q4_K
 
+// ANCHOR: q4_K_dot
 /// `ggml_vec_dot_q4_K_q8_K_generic`.
 pub fn vec_dot_q4_K_q8_K(n: usize, x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
     let nb = check_dot("vec_dot_q4_K_q8_K", n, QK_K, x.len(), y.len());
@@ -464,7 +466,7 @@ pub fn vec_dot_q4_K_q8_K(n: usize, x: &[BlockQ4_K], y: &[BlockQ8_K]) -> f32 {
     }
     sumf
 }
-// ANCHOR_END: q4_K
+// ANCHOR_END: q4_K_dot
 
 /// All eight scales and mins of a Q4_K/Q5_K block.
 fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
@@ -630,7 +632,9 @@ pub fn quantize_row_q6_K_ref(x: &[f32], y: &mut [BlockQ6_K]) {
         }
     }
 }
+// ANCHOR_END: q6_K
 
+// ANCHOR: q6_K_dot
 /// `dequantize_row_q6_K`.
 pub fn dequantize_row_q6_K(x: &[BlockQ6_K], y: &mut [f32]) {
     assert_eq!(y.len(), x.len() * QK_K, "dequantize_row_q6_K: lengths");
@@ -687,7 +691,7 @@ pub fn vec_dot_q6_K_q8_K(n: usize, x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
     }
     sums.iter().fold(0.0f32, |s, &v| s + v)
 }
-// ANCHOR_END: q6_K
+// ANCHOR_END: q6_K_dot
 
 // ---------------------------------------------------------------------------------------------
 // Q8_K

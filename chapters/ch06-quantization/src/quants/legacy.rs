@@ -133,7 +133,9 @@ pub fn dequantize_row_q4_1(x: &[BlockQ4_1], y: &mut [f32]) {
         }
     }
 }
+// ANCHOR_END: q4_1
 
+// ANCHOR: q4_1_dot
 /// `ggml_vec_dot_q4_1_q8_1_generic`: `sum (d*q + m) * (dy*qy) = d*dy * sum(q*qy) + m * s`,
 /// where `s = dy * sum(qy)` was stored by `quantize_row_q8_1`.
 pub fn vec_dot_q4_1_q8_1(n: usize, x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
@@ -153,7 +155,7 @@ pub fn vec_dot_q4_1_q8_1(n: usize, x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     }
     sumf
 }
-// ANCHOR_END: q4_1
+// ANCHOR_END: q4_1_dot
 
 /// The fifth bit of each of the 32 codes, one bit per weight, as `BlockQ5_0::qh` stores it.
 fn pack_high_bits(q: &[u8; 32]) -> [u8; 4] {

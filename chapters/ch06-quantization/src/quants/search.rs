@@ -65,6 +65,8 @@ pub fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], qw: Option<&[f32]>) ->
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
+    // ANCHOR_END: make_qx_quants
+    // ANCHOR: make_qx_quants_search
     for is in -9..=9 {
         if is == 0 {
             continue;
@@ -88,7 +90,7 @@ pub fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], qw: Option<&[f32]>) ->
     }
     scale
 }
-// ANCHOR_END: make_qx_quants
+// ANCHOR_END: make_qx_quants_search
 
 /// ggml's `make_q3_quants` with `do_rmse = true` (as `quantize_row_q3_K_ref` calls it): start
 /// from `-nmax / max`, then move single codes while that improves the weighted error
@@ -193,6 +195,8 @@ pub fn make_qkx2_quants(
         l.fill(0);
         return (0.0, -min);
     }
+    // ANCHOR_END: make_qkx2_quants
+    // ANCHOR: make_qkx2_quants_search
     let error = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
 
     let mut iscale = nmax as f32 / (max - min);
@@ -244,7 +248,7 @@ pub fn make_qkx2_quants(
     }
     (scale, -min)
 }
-// ANCHOR_END: make_qkx2_quants
+// ANCHOR_END: make_qkx2_quants_search
 
 /// Scale and min of sub-block `j` from the 12 packed bytes of `BlockQ4_K`/`BlockQ5_K` (ggml's
 /// `get_scale_min_k4`). Sub-blocks 0-3 keep 6 bits in bytes 0-7; sub-blocks 4-7 keep their low

@@ -25,7 +25,8 @@
 
 // ANCHOR: f32simd
 /// Lane operations on f32 slices, the building blocks of every kernel here. Implemented by
-/// [`Portable`](crate::simd_compute::Portable) and, on x86-64, by AVX2 + FMA.
+/// [`Portable`](crate::simd_compute::Portable) and, on x86-64, by AVX2 + FMA and by AVX-512
+/// (`simd::x86::act`).
 ///
 /// # Safety
 /// The methods are unsafe because an implementation may use instructions the CPU must have:
@@ -53,7 +54,9 @@ pub trait F32Simd {
     unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]);
     /// `x += y`.
     unsafe fn add(x: &mut [f32], y: &[f32]);
+    // ANCHOR_END: f32simd
 
+    // ANCHOR: f32simd_provided
     /// `s_j = scale·(q · k_j)` for every key row `keys[j]`. Every row must be exactly as long
     /// as `q` (part of the safety contract: a kernel may read `q.len()` values of each).
     #[inline(always)]
@@ -87,7 +90,7 @@ pub trait F32Simd {
         }
     }
 }
-// ANCHOR_END: f32simd
+// ANCHOR_END: f32simd_provided
 
 #[cfg(target_arch = "aarch64")]
 pub mod arm;

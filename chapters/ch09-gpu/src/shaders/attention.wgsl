@@ -54,6 +54,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             s = qk * p.kq_scale;
         }
+        // ANCHOR_END: attention
+        // ANCHOR: attention_softmax
         red[tid] = s;
         workgroupBarrier();
         for (var k = WG / 2u; k > 0u; k >>= 1u) {
@@ -101,4 +103,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 }
-// ANCHOR_END: attention
+// ANCHOR_END: attention_softmax

@@ -59,6 +59,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 ws[b + 3u] = w.hi.w;
             }
         }
+        // ANCHOR_END: mul_mat
+        // ANCHOR: mul_mat_tile
         // TN tokens of TK activations: eight per thread.
         for (var k = 0u; k < 8u; k++) {
             let i = tid + k * WG;
@@ -93,4 +95,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 }
-// ANCHOR_END: mul_mat
+// ANCHOR_END: mul_mat_tile

@@ -1,0 +1,129 @@
+"""What the book's scripts share: the workbench manifests, the exercise stub, and how an
+`{{#include path:anchor}}` is resolved (as mdBook resolves it).
+
+Used by scripts/workbench (which cuts a workbench from the crates), scripts/book-listings (the
+mdBook preprocessor that numbers, captions and stubs the book's listings) and
+scripts/check-book-render. Standard library only.
+"""
+import pathlib
+import re
+import sys
+import textwrap
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# How long a listing may be: one screen, so that a reader sees a piece whole, with prose around
+# it, as the Rust book and Crafting Interpreters show code. Checked by scripts/check-book-render.
+LISTING_MAX_LINES = 60
+# The longest line of a stub: rustfmt.toml's max_width, what a listing line may be.
+STUB_WIDTH = 100
+
+INCLUDE = re.compile(r"\{\{#(include|rustdoc_include)\s+([^}\s]+)\s*\}\}")
+MARKER = re.compile(r"ANCHOR(_END)?:\s*\w+")
+
+
+def chapters(root=ROOT):
+    """{'ch03': path of chapters/ch03-attention, …} for chapters with a workbench.toml."""
+    out = {}
+    for d in sorted((root / "chapters").iterdir()):
+        m = re.match(r"(ch\d\d)-", d.name)
+        if m and (d / "workbench.toml").is_file():
+            out[m.group(1)] = d
+    return out
+
+
+def manifest(crate):
+    """(the whole workbench.toml, its [[write]] entries), each entry checked."""
+    with open(crate / "workbench.toml", "rb") as f:
+        data = tomllib.load(f)
+    items = data.get("write", [])
+    for i, w in enumerate(items):
+        for key in ("anchor", "file", "what", "tests", "hints"):
+            if key not in w:
+                sys.exit(f"{crate / 'workbench.toml'}: entry {i + 1} has no {key!r}")
+        if not w["anchor"].startswith("yours_"):
+            sys.exit(f"{crate / 'workbench.toml'}: anchor {w['anchor']!r} must start with yours_")
+        if not (isinstance(w["hints"], list) and w["hints"]
+                and all(isinstance(h, str) for h in w["hints"])):
+            sys.exit(f"{crate / 'workbench.toml'}: entry {i + 1}: hints must be a list of strings "
+                     "(what to compute, then how), the rungs before the reference")
+    return data, items
+
+
+def exercises(root=ROOT):
+    """{absolute source path: {anchor: (chapter, number, entry)}} for every workbench region."""
+    out = {}
+    for chapter, crate in chapters(root).items():
+        _, items = manifest(crate)
+        for n, w in enumerate(items, 1):
+            out.setdefault((crate / w["file"]).resolve(), {})[w["anchor"]] = (chapter, n, w)
+    return out
+
+
+def stub(indent, chapter, w):
+    """The lines a workbench puts in place of a region's body: what to write, which tests
+    check it, and `todo!()`. Comments are wrapped to STUB_WIDTH."""
+    width = max(40, STUB_WIDTH - len(indent) - 3)
+    lines = []
+    for i, text in enumerate([
+        f"Your turn: {w['what']}",
+        f"Checked by: cargo test -p {chapter} -- {' '.join(w['tests'])}",
+    ]):
+        wrapped = textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+        lines += [f"{indent}// {wrapped[0]}"] + [f"{indent}//   {t}" for t in wrapped[1:]]
+    lines.append(f'{indent}todo!("{w["anchor"][len("yours_"):]}");')
+    return lines
+
+
+def region(lines, anchor, path):
+    """(begin, end) line indices of the `ANCHOR: anchor` and `ANCHOR_END: anchor` lines."""
+    begin = [i for i, l in enumerate(lines) if re.search(rf"ANCHOR:\s*{anchor}\s*$", l)]
+    end = [i for i, l in enumerate(lines) if re.search(rf"ANCHOR_END:\s*{anchor}\s*$", l)]
+    if len(begin) != 1 or len(end) != 1 or end[0] <= begin[0]:
+        sys.exit(f"{path}: anchor {anchor} must open once and close once after it")
+    return begin[0], end[0]
+
+
+def included_lines(base, target, stubs=None):
+    """The lines `{{#include target}}` puts into a page whose directory is `base`, or None when
+    it cannot be resolved: the lines between `ANCHOR: name` and `ANCHOR_END: name`, without
+    the lines that hold anchor markers, not dedented (mdBook's rules); line ranges `a:b`
+    (1-based, inclusive) and whole files too.
+
+    With `stubs` (what `exercises()` returns), each workbench region inside is replaced by its
+    exercise stub, as the book shows it."""
+    path_part, _, sel = target.partition(":")
+    path = (base / path_part).resolve()
+    if not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if re.fullmatch(r"[0-9:]*", sel):
+        if sel:
+            a, _, b = sel.partition(":")
+            lines = lines[int(a) - 1 if a else 0 : int(b) if b else len(lines)]
+        inside = True
+    else:
+        inside = False
+    start = re.compile(r"ANCHOR:\s*" + re.escape(sel) + r"\b") if not inside else None
+    end = re.compile(r"ANCHOR_END:\s*" + re.escape(sel) + r"\b") if not inside else None
+    regions = (stubs or {}).get(path, {})
+    out, skipping = [], None
+    for line in lines:
+        if not inside:
+            inside = bool(start.search(line))
+            continue
+        if end is not None and end.search(line):
+            return out
+        if skipping:
+            if re.search(rf"ANCHOR_END:\s*{skipping}\s*$", line):
+                skipping = None
+            continue
+        m = re.search(r"ANCHOR:\s*(yours_\w+)\s*$", line)
+        if m and m.group(1) in regions:
+            chapter, _, w = regions[m.group(1)]
+            out += stub(re.match(r"\s*", line).group(0), chapter, w)
+            skipping = m.group(1)
+            continue
+        if not MARKER.search(line):
+            out.append(line)
+    return out if inside else None
