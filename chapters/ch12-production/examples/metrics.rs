@@ -39,6 +39,10 @@ const SHOWN: [&str; 9] = [
     "llmrs_queue_depth",
 ];
 
+/// How long the engine may take to record the last step after the answer arrived: one step of
+/// the default model takes milliseconds, so this only bounds a wait that went wrong.
+const IDLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn main() -> Result<(), Box<dyn Error>> {
     let production = flags::settings::parse_from::<flags::production::Production>(
         std::env::args_os().collect(),
@@ -85,7 +89,11 @@ fn main() -> Result<(), Box<dyn Error>> {
             .get()
             .is_some_and(|l| l.worker.status().running + l.worker.status().waiting == 0)
     };
+    let deadline = std::time::Instant::now() + IDLE_WITHIN;
     while !app.variants.iter().all(idle) {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("the engine did not go idle within {IDLE_WITHIN:?}").into());
+        }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let metrics = client
