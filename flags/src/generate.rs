@@ -56,6 +56,9 @@ pub struct Generate {
     /// Print one JSON object instead of streaming text (not with --chat).
     #[arg(long, conflicts_with = "chat")]
     pub json: bool,
+    /// Never end at an end-of-generation token: generate all -n tokens (for benchmarks).
+    #[arg(long)]
+    pub ignore_eos: bool,
 }
 
 impl Generate {
@@ -77,6 +80,9 @@ impl Generate {
             system: self.system.clone(),
             stop: self.stop.clone(),
             json: self.json,
+            rule: self.ignore_eos.then(|| {
+                std::sync::Arc::new(ch04::IgnoreEos) as std::sync::Arc<dyn ch04::MakeRule>
+            }),
         }
     }
 }

@@ -12,7 +12,9 @@
 //! - `server` (feature `server`): chapter 11's OpenAI server;
 //! - `production` (feature `production`): chapter 12's server, every flag also from the
 //!   environment and a TOML file (`settings`);
-//! - `scaling` (feature `scaling`): chapter 14's engine, chapter 10's flags and `--mem-budget`.
+//! - `scaling` (feature `scaling`): chapter 14's engine, chapter 10's flags and `--mem-budget`;
+//! - `structured` (feature `structured`): chapter 15's engine, with `--grammar`,
+//!   `--grammar-file`, `--json-schema` and `--json-schema-file`.
 
 pub mod generate;
 
@@ -26,5 +28,7 @@ pub mod scaling;
 pub mod server;
 #[cfg(feature = "production")]
 pub mod settings;
+#[cfg(feature = "structured")]
+pub mod structured;
 
 pub use ch04::cli::default_threads;

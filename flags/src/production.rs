@@ -4,10 +4,12 @@
 
 use crate::server::Server;
 use crate::settings;
+use ch12::ch11::Formats;
 use ch12::{Architectures, Args, LogFormat};
 use clap::{CommandFactory, Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 // ANCHOR: flags
 /// The production server's flags: chapter 11's, and chapter 12's.
@@ -124,8 +126,17 @@ pub fn main(archs: Architectures) {
 
 /// [`main`] on the command line `argv` (its first item the program's name).
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
+    main_with(argv, archs, Arc::new(ch12::ch11::TextOnly))
+}
+
+/// [`main_from`], the requests' output forms those of `formats` (a later chapter's).
+pub fn main_with(argv: Vec<OsString>, archs: Architectures, formats: Arc<dyn Formats>) {
     let args = match settings::parse_from::<Production>(argv, "config") {
-        Ok(flags) => flags.args(archs),
+        Ok(flags) => {
+            let mut args = flags.args(archs);
+            args.serve.formats = formats;
+            args
+        }
         Err(settings::ConfigError::Clap(e)) => e.exit(),
         Err(e) => {
             eprintln!("error: {e}");

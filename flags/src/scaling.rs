@@ -3,9 +3,11 @@
 
 use crate::engine::Engine;
 use ch14::Architectures;
+use ch14::MakeRule;
 use ch14::run::{self, RunArgs};
 use clap::{CommandFactory, Parser};
 use std::ffi::OsString;
+use std::sync::Arc;
 
 /// Run a GGUF model: complete a prompt, or chat.
 #[derive(Parser, Debug, Clone)]
@@ -24,11 +26,19 @@ pub struct Scaling {
 
 /// [`crate::engine::main_from`] with chapter 14's memory budget in front.
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
-    let flags = Scaling::parse_from(argv);
-    let args = RunArgs {
+    main_with(Scaling::parse_from(argv), archs, None)
+}
+
+/// [`main_from`] on parsed flags, the tokens that may come next decided by `rule` if any (a
+/// later chapter's).
+pub fn main_with(flags: Scaling, archs: Architectures, rule: Option<Arc<dyn MakeRule>>) {
+    let mut args = RunArgs {
         engine: flags.engine.args(archs),
         mem_budget: flags.mem_budget,
     };
+    if rule.is_some() {
+        args.engine.generation.rule = rule;
+    }
     if !args.mem_budget
         && let Err(e) = ch14::ch10::cli::check(&args.engine.generation)
     {

@@ -80,6 +80,7 @@ impl Server {
             no_repack: self.no_repack,
             cache: self.cache.types(),
             archs,
+            formats: std::sync::Arc::new(ch11::TextOnly),
         }
     }
 }

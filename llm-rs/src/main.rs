@@ -1,19 +1,21 @@
 //! `llm-rs`: the finished engine, at the top of the tower. One binary runs every architecture
-//! the chapters know ([`ch14::architectures`]):
+//! the chapters know ([`ch15::architectures`]):
 //!
 //! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags,
-//!   behind chapter 14's memory budget: `--mem-budget` prints it);
+//!   behind chapter 14's memory budget: `--mem-budget` prints it; chapter 15's `--grammar` and
+//!   `--json-schema` hold the output to a form);
 //! - `llm-rs chat [--model PATH]`: a conversation, one message per line of standard input;
 //! - `llm-rs serve [--port 8080] …`: the production server (chapter 12's, its flags,
-//!   environment variables and configuration file);
+//!   environment variables and configuration file), whose requests may ask for JSON
+//!   (`response_format`) or a grammar (chapter 15's);
 //! - `llm-rs inspect [PATH]`: what a GGUF file holds (chapter 1's summary, the configuration),
 //!   and whether this engine runs its architecture.
 //!
 //! `llm-rs SUBCOMMAND --help` lists a subcommand's flags (the `flags` crate's). When a chapter
-//! is added above chapter 14, this package depends on it instead and names its set of
+//! is added above chapter 15, this package depends on it instead and names its set of
 //! architectures: one line in `Cargo.toml`, one in `main`.
 
-use ch14::{Architectures, Config, GgufFile};
+use ch15::{Architectures, Config, GgufFile};
 use clap::{Parser, Subcommand};
 use std::error::Error;
 use std::ffi::OsString;
@@ -75,7 +77,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
     };
     let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    print!("{}", ch14::ch01::inspect::summary(&file, &name));
+    print!("{}", ch15::ch01::inspect::summary(&file, &name));
     let arch = file
         .gguf
         .architecture()
@@ -94,7 +96,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
 }
 
 fn main() {
-    let archs = ch14::architectures();
+    let archs = ch15::architectures();
     match Cli::parse().command {
         Command::Inspect { path } => {
             if let Err(e) = inspect(path, &archs) {
@@ -102,12 +104,14 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        Command::Run { args } => flags::scaling::main_from(argv("llm-rs run", &[], args), archs),
+        Command::Run { args } => flags::structured::main_from(argv("llm-rs run", &[], args), archs),
         Command::Chat { args } => {
-            flags::scaling::main_from(argv("llm-rs chat", &["--chat"], args), archs)
+            flags::structured::main_from(argv("llm-rs chat", &["--chat"], args), archs)
         }
-        Command::Serve { args } => {
-            flags::production::main_from(argv("llm-rs serve", &[], args), archs)
-        }
+        Command::Serve { args } => flags::production::main_with(
+            argv("llm-rs serve", &[], args),
+            archs,
+            std::sync::Arc::new(ch15::Structured::default()),
+        ),
     }
 }

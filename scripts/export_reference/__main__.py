@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import json
 import re
 import shutil
 import sys
 import tarfile
-from pathlib import Path
+import tempfile
+from pathlib import Path, PurePosixPath
 
 from . import engine as E
-from . import facts, gemma3, large, prompts, quant, tokenizer, variants
+from . import constrained, facts, gemma3, grammar, large, prompts, quant, tokenizer, variants
 from .common import log, sha256_file, write_json
 from .f32_model import write_f32_copy
 
@@ -41,6 +43,8 @@ DESCRIPTIONS = {
 def describe(rel: str) -> str:
     if rel in DESCRIPTIONS:
         return DESCRIPTIONS[rel]
+    if held := grammar.describe(rel) or constrained.describe(rel):
+        return held
     if m := re.fullmatch(r"prompts/(\w+)\.safetensors", rel):
         return f"prompt {m[1]}: intermediate tensors of the forward pass, by llama.cpp graph name"
     if m := re.fullmatch(r"prompts/(\w+)\.decode\.safetensors", rel):
@@ -141,14 +145,112 @@ def notes(pr: dict) -> list[str]:
     ]
 
 
+def file_entries(stage: Path) -> dict:
+    """The manifest's `files` entries of every file under `stage`, sorted by path."""
+    files = {}
+    for p in sorted(stage.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(stage).as_posix()
+            files[rel] = {
+                "sha256": sha256_file(p),
+                "size": p.stat().st_size,
+                "holds": describe(rel),
+            }
+    return files
+
+
+def default_settings() -> E.ContextSettings:
+    """The context of the default model's runs: the F32 copy's, and the quantized files' too."""
+    return E.ContextSettings(
+        n_ctx=256,
+        n_batch=256,
+        n_threads=2,
+        type_k=E.L.GGML_TYPE_F32,
+        type_v=E.L.GGML_TYPE_F32,
+        flash_attn=False,
+    )
+
+
+def grammar_steps(sdist: Path, model: Path, stage: Path, settings: E.ContextSettings) -> dict:
+    """Steps 13 and 14, written under stage/grammar/; the manifest's `grammar` section."""
+    commit = llama_cpp_commit(sdist)
+    log("step 13: llama.cpp's grammar tests")
+    section = grammar.export_grammar(sdist, stage, commit)
+    log("step 14: grammar-constrained greedy runs of the default model")
+    section["constrained"] = constrained.export_constrained(model, sdist, stage, settings, commit)
+    return section
+
+
+def only_grammar(sdist: Path, model: Path, out: Path) -> int:
+    """`--only grammar`: redo steps 13 and 14 alone, replace reference-data/grammar/ and update
+    the manifest's `files` and `grammar` entries in place (nothing else changes, `created`
+    included). Refused unless the manifest was made from the same sdist and model, with the
+    same context settings."""
+    manifest_path = out / "manifest.json"
+    if not manifest_path.is_file():
+        raise SystemExit(f"{manifest_path}: missing; run the whole export first")
+    manifest = json.loads(manifest_path.read_bytes())
+    recorded = manifest.get("llama_cpp", {}).get("sdist_sha256")
+    if recorded != sha256_file(sdist):
+        raise SystemExit(
+            f"{sdist} is not the sdist reference-data/ was made from (manifest: sdist_sha256 "
+            f"{recorded}); run the whole export"
+        )
+    recorded = manifest.get("model", {}).get("sha256")
+    if recorded != sha256_file(model):
+        raise SystemExit(
+            f"{model} is not the model reference-data/ was made from (manifest: model sha256 "
+            f"{recorded}); run the whole export"
+        )
+    settings = default_settings()
+    recorded = manifest.get("settings", {}).get("quant_settings")
+    if recorded != settings.describe():
+        raise SystemExit(
+            f"{manifest_path}: settings.quant_settings {recorded} differ from this script's "
+            f"{settings.describe()}; run the whole export"
+        )
+    E.init()
+    with tempfile.TemporaryDirectory(prefix="export-reference-grammar-") as tmp:
+        stage = Path(tmp)
+        section = grammar_steps(sdist, model, stage, settings)
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith("grammar/")}
+        files.update(file_entries(stage))
+        manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
+        # The `grammar` section goes where a whole run puts it: after `large`.
+        updated = {}
+        for k, v in manifest.items():
+            if k != "grammar":
+                updated[k] = v
+            if k == "large":
+                updated["grammar"] = section
+        if "grammar" not in updated:
+            raise SystemExit(f"{manifest_path}: no `large` section; run the whole export")
+        shutil.rmtree(out / "grammar", ignore_errors=True)
+        shutil.move(str(stage / "grammar"), str(out / "grammar"))
+    write_json(manifest_path, updated)
+    log(f"replaced {out / 'grammar'} and its manifest entries")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="export-reference")
     ap.add_argument("--model", type=Path, required=True, help="the default model (Q4_1 GGUF)")
-    ap.add_argument("--cache", type=Path, required=True, help="cache directory for derived models")
+    ap.add_argument("--cache", type=Path, help="cache directory for derived models")
     ap.add_argument("--sdist", type=Path, required=True, help="llama-cpp-python sdist (.tar.gz)")
     ap.add_argument("--out", type=Path, required=True, help="reference-data/ directory to replace")
-    ap.add_argument("--gemma3", type=Path, required=True, help="Gemma 3 270M Q4_K_M (chapter 13)")
+    ap.add_argument("--gemma3", type=Path, help="Gemma 3 270M Q4_K_M (chapter 13)")
+    ap.add_argument(
+        "--only",
+        choices=["grammar"],
+        help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
+        "constrained runs of --model) and update the manifest in place",
+    )
     args = ap.parse_args()
+    if args.only == "grammar":
+        return only_grammar(args.sdist, args.model, args.out)
+    for name in ("cache", "gemma3"):
+        if getattr(args, name) is None:
+            ap.error(f"--{name} is required (unless --only)")
 
     E.init()
     layout = E.check_tensor_mirror(ggml_header(args.sdist))
@@ -163,14 +265,7 @@ def main() -> int:
     f32_path = args.cache / (args.model.name.split(".")[0] + ".F32.gguf")
     write_f32_copy(args.model, f32_path)
 
-    f32_settings = E.ContextSettings(
-        n_ctx=256,
-        n_batch=256,
-        n_threads=2,
-        type_k=E.L.GGML_TYPE_F32,
-        type_v=E.L.GGML_TYPE_F32,
-        flash_attn=False,
-    )
+    f32_settings = default_settings()
     # The quantized variants run with the same F32 KV cache: with 8-bit activations a tiny
     # perturbation anywhere (an f16 cache rounds every key and value) flips activation codes
     # downstream and moves logits by whole units, which would hide what the weights do.
@@ -202,16 +297,9 @@ def main() -> int:
     va = variants.export_variants(stage / "tokenizer", args.cache, stage, f32_settings)
     log("step 12: chapter 14's generated large models")
     la = large.export_large(args.out.resolve().parent, args.cache, stage, quant_settings)
+    gr = grammar_steps(args.sdist, args.model, stage, quant_settings)
 
-    files = {}
-    for p in sorted(stage.rglob("*")):
-        if p.is_file():
-            rel = p.relative_to(stage).as_posix()
-            files[rel] = {
-                "sha256": sha256_file(p),
-                "size": p.stat().st_size,
-                "holds": describe(rel),
-            }
+    files = file_entries(stage)
 
     versions = E.versions()
     manifest = {
@@ -277,6 +365,7 @@ def main() -> int:
             "settings",
             **la,
         },
+        "grammar": gr,
         "files": files,
         "reduced_precision": pr["reduced_precision"],
         "graph_name_notes": {

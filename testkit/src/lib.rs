@@ -8,10 +8,12 @@
 //!   lists first differ.
 //! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
 //! - [`program`]: a chapter's example or the `llm-rs` binary, built for a test that runs it.
+//! - [`python`]: `python3` with OpenAI's client (`openai`, pinned), installed on first use.
 
 pub mod alloc;
 pub mod compare;
 pub mod program;
+pub mod python;
 pub mod refdata;
 
 pub use compare::{Tolerance, assert_close, assert_same_sequence, compare, sequence_mismatch};

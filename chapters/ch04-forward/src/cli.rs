@@ -14,13 +14,14 @@
 
 use crate::generate::{GenParams, Generation, Session, StopReason, generate};
 use crate::model::{ForwardError, Model};
-use crate::sampling::SamplerParams;
+use crate::sampling::{MakeRule, SamplerParams};
 use ch02::{ChatTemplate, Message, Tokenizer};
 use ch03::{GgufFile, KvError};
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The default `--threads`: the machine's physical cores (llama.cpp's
@@ -45,7 +46,7 @@ pub fn default_threads() -> usize {
 
 /// What a run of the command line is asked to do: the settings behind chapter 4's flags
 /// (`--model`, the prompt, `-n`, the sampler, `--threads`, `--ctx`, `--chat`, `--system`,
-/// `--stop`, `--json`). The flags themselves — their names, help and parsing — belong to the
+/// `--stop`, `--json`, `--ignore-eos`). The flags themselves — their names, help and parsing — belong to the
 /// programs (the `flags` crate), not to this library; [`Args::default`] is what they default to.
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -76,6 +77,9 @@ pub struct Args {
     pub stop: Vec<String>,
     /// Print one JSON object instead of streaming text (not with `chat`).
     pub json: bool,
+    /// Which tokens may come next, if not all: [`IgnoreEos`](crate::IgnoreEos) for
+    /// `--ignore-eos`, or any other [`MakeRule`].
+    pub rule: Option<Arc<dyn MakeRule>>,
 }
 
 impl Default for Args {
@@ -98,6 +102,7 @@ impl Default for Args {
             system: None,
             stop: Vec::new(),
             json: false,
+            rule: None,
         }
     }
 }
@@ -117,6 +122,7 @@ impl Args {
             max_tokens: self.n,
             sampler,
             stop: self.stop.clone(),
+            rule: self.rule.clone(),
         }
     }
 

@@ -8,9 +8,10 @@
 
 use crate::compute::Scratch;
 use crate::model::{Batch, ForwardError, Model, NonFinite};
-use crate::sampling::{Sampler, SamplerParams};
+use crate::sampling::{MakeRule, Sampler, SamplerParams, TokenRule};
 use ch02::{StreamDecoder, Tokenizer};
 use ch03::{KvError, NoObserver};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Computes next-token logits for a growing sequence.
@@ -82,6 +83,8 @@ pub struct GenParams {
     pub sampler: SamplerParams,
     /// Generation stops when the text contains one of these; the text ends before it.
     pub stop: Vec<String>,
+    /// Which tokens may come next, if not all ([`MakeRule`]): each generation starts its own.
+    pub rule: Option<Arc<dyn MakeRule>>,
 }
 
 /// Why generation ended.
@@ -218,6 +221,7 @@ impl StopFilter {
 pub struct Generator<'t> {
     tokenizer: &'t Tokenizer,
     sampler: Sampler,
+    rule: Option<Box<dyn TokenRule>>,
     decoder: Option<StreamDecoder<'t>>, // taken when generation ends
     filter: StopFilter,
     max_tokens: usize,
@@ -232,6 +236,7 @@ impl<'t> Generator<'t> {
         Generator {
             tokenizer,
             sampler: Sampler::new(params.sampler.clone()),
+            rule: params.rule.as_ref().map(|r| r.start(tokenizer)),
             decoder: Some(StreamDecoder::new(tokenizer)),
             filter: StopFilter::new(params.stop.clone()),
             max_tokens: params.max_tokens,
@@ -248,7 +253,10 @@ impl<'t> Generator<'t> {
     /// includes everything that was held back.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> (u32, String) {
         debug_assert!(self.stop.is_none(), "sampling after generation ended");
-        let next = self.sampler.sample(logits, history);
+        let next = match self.rule.as_deref_mut() {
+            None => self.sampler.sample(logits, history),
+            Some(rule) => self.sampler.sample_ruled(logits, history, rule),
+        };
         self.ids.push(next);
         let mut text = String::new();
         if self.tokenizer.is_eog(next) {

@@ -44,7 +44,7 @@ pub use generate::{
     generate,
 };
 pub use model::{Batch, ContextError, ForwardError, Model, NonFinite, Weights, check_context};
-pub use sampling::{BadSamplerParam, Sampler, SamplerParams};
+pub use sampling::{BadSamplerParam, IgnoreEos, MakeRule, Sampler, SamplerParams, TokenRule};
 
 /// The architectures of this chapter: llama. Every later chapter passes this set on, or a
 /// bigger one.

@@ -4,7 +4,11 @@
 //! top-p, min-p, temperature, then a random draw from what is left. Each stage keeps or
 //! reshapes a list of candidates; greedy decoding is the chain with temperature 0, where only
 //! the most likely token survives.
+//!
+//! In front of the chain may stand a [`TokenRule`]: which tokens may come next at all. This
+//! chapter's rule is llama.cpp's `--ignore-eos` ([`IgnoreEos`]); a grammar is another.
 
+use ch02::Tokenizer;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -216,12 +220,71 @@ pub fn temperature(c: &mut Vec<Candidate>, t: f32) {
 }
 // ANCHOR_END: min_p_temperature
 
+// ANCHOR: rule
+/// Which tokens may come next: a stage in front of the sampler chain, with a state that
+/// follows the tokens chosen. [`Sampler::sample_ruled`] runs it as llama.cpp runs a grammar:
+/// sample first, and only when the rule refuses the token, mask every refused token and
+/// sample again — asking about one token is cheap, masking a whole vocabulary is not.
+pub trait TokenRule: Send {
+    /// Whether `token` may come next.
+    fn allows(&mut self, token: u32) -> bool;
+    /// Set the logit of every token that may not come next to −∞ (`logits`: `(vocab)`).
+    /// At least one token must stay: a rule with nothing left allows end of generation.
+    fn mask(&mut self, logits: &mut [f32]);
+    /// `token` was chosen: move past it.
+    fn accept(&mut self, token: u32);
+}
+
+/// Makes each generation's [`TokenRule`], fresh, from the tokenizer it will see tokens of:
+/// what [`GenParams`](crate::GenParams) carries, so that every request of a batch has a rule
+/// state of its own.
+pub trait MakeRule: Send + Sync + std::fmt::Debug {
+    fn start(&self, tokenizer: &Tokenizer) -> Box<dyn TokenRule>;
+}
+
+/// llama.cpp's `--ignore-eos`: end-of-generation tokens never come next, so generation runs to
+/// its token limit (what a benchmark wants).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IgnoreEos;
+
+struct NoEog {
+    eog: Vec<u32>,
+}
+
+impl MakeRule for IgnoreEos {
+    fn start(&self, tokenizer: &Tokenizer) -> Box<dyn TokenRule> {
+        let eog = (0..tokenizer.vocab_size() as u32)
+            .filter(|&t| tokenizer.is_eog(t))
+            .collect();
+        Box::new(NoEog { eog })
+    }
+}
+
+impl TokenRule for NoEog {
+    fn allows(&mut self, token: u32) -> bool {
+        !self.eog.contains(&token)
+    }
+    fn mask(&mut self, logits: &mut [f32]) {
+        if self.eog.len() >= logits.len() {
+            return; // nothing else to choose: leave the end allowed
+        }
+        for &t in &self.eog {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    fn accept(&mut self, _token: u32) {}
+}
+// ANCHOR_END: rule
+
 /// A sampler chain with its own random number generator.
 pub struct Sampler {
     pub params: SamplerParams,
     rng: StdRng,
     candidates: Vec<Candidate>,
     penalised: Vec<f32>, // (vocab): the logits after the repetition penalty
+    masked: Vec<f32>,    // (vocab): the logits after a rule's mask
 }
 
 impl Sampler {
@@ -232,8 +295,38 @@ impl Sampler {
             rng,
             candidates: Vec::new(),
             penalised: Vec::new(),
+            masked: Vec::new(),
         }
     }
+
+    // ANCHOR: sample_ruled
+    /// [`Sampler::sample`] under a [`TokenRule`], which then takes the token. The chain's
+    /// choice stands if the rule allows it; otherwise the refused tokens are masked and the
+    /// chain runs again (with a fresh draw, as llama.cpp's `common_sampler_sample`). Greedy,
+    /// this is the most likely allowed token either way.
+    pub fn sample_ruled(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        rule: &mut dyn TokenRule,
+    ) -> u32 {
+        let mut next = self.sample(logits, history);
+        if !rule.allows(next) {
+            let mut masked = std::mem::take(&mut self.masked);
+            masked.clear();
+            masked.extend_from_slice(logits);
+            rule.mask(&mut masked);
+            next = self.sample(&masked, history);
+            if !rule.allows(next) {
+                // The draw fell past the last allowed candidate (rounding): the best allowed.
+                next = argmax(&masked) as u32;
+            }
+            self.masked = masked;
+        }
+        rule.accept(next);
+        next
+    }
+    // ANCHOR_END: sample_ruled
 
     // ANCHOR: sample
     /// Pick the next token from `logits` (`(vocab)`), given the tokens so far.

@@ -162,6 +162,7 @@ fn the_generation_loop_produces_llama_cpp_tokens() {
         max_tokens: 8,
         sampler: SamplerParams::greedy(),
         stop: vec![],
+        rule: None,
     };
     let mut streamed = String::new();
     let g = generate(&mut Uncached::new(model), tok, &prompt, &params, &mut |s| {

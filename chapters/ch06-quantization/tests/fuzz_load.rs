@@ -272,6 +272,7 @@ proptest! {
                     max_tokens: 16,
                     sampler: SamplerParams { temp: 0.0, ..SamplerParams::default() },
                     stop: vec![],
+                    rule: None,
                 };
                 let mut session = Cached::contiguous(&model, None);
                 let _ = generate(&mut session, &tok, &ids, &params, &mut |_| {});
@@ -304,6 +305,7 @@ fn undamaged_models_load_and_stop_at_the_context_end() {
             ..SamplerParams::default()
         },
         stop: vec![],
+        rule: None,
     };
     let mut session = Cached::contiguous(&model, None);
     let g = generate(&mut session, &tok, &[1, 2, 3], &params, &mut |_| {}).unwrap();

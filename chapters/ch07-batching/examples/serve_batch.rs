@@ -149,6 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ..SamplerParams::default()
                 },
                 stop: args.stop.clone(),
+                rule: None,
             },
         });
     }

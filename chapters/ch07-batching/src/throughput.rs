@@ -43,6 +43,7 @@ pub fn params() -> GenParams {
         max_tokens: N_GENERATE,
         sampler: SamplerParams::greedy(),
         stop: Vec::new(),
+        rule: None,
     }
 }
 

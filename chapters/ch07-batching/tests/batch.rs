@@ -45,6 +45,7 @@ fn params(max_tokens: usize) -> GenParams {
         max_tokens,
         sampler: SamplerParams::greedy(),
         stop: Vec::new(),
+        rule: None,
     }
 }
 

@@ -168,6 +168,7 @@ fn req() -> impl Strategy<Value = Req> {
                     max_tokens,
                     sampler,
                     stop,
+                    rule: None,
                 },
                 arrival,
             }
@@ -290,6 +291,7 @@ fn impossible_requests_are_refused_up_front() {
         max_tokens,
         sampler: SamplerParams::greedy(),
         stop: vec![],
+        rule: None,
     };
     let err = |prompt: Vec<u32>, max_tokens| {
         let r = Request {

@@ -202,6 +202,7 @@ fn generate_on_the_gpu_continues_as_llama_cpp_does() {
         max_tokens: r.continuation.len(),
         sampler: SamplerParams::greedy(),
         stop: vec![],
+        rule: None,
     };
     let g = generate(&mut *model, &r.tokenizer, &r.prompt, &params, &mut |_| {})
         .unwrap_or_else(|e| panic!("{e}"));

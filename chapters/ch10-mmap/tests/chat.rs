@@ -35,6 +35,7 @@ fn greedy(n: usize) -> GenParams {
         max_tokens: n,
         sampler: SamplerParams::greedy(),
         stop: Vec::new(),
+        rule: None,
     }
 }
 

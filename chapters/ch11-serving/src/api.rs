@@ -6,9 +6,11 @@
 //! body or a wrong type is a 400 naming line, column and field), then [`Sampling::params`]
 //! checks the values and turns them into chapter 4's [`GenParams`].
 
-use ch10::{GenParams, Message, SamplerParams, StopReason};
+use ch10::{GenParams, MakeRule, Message, SamplerParams, StopReason};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// Most stop strings a request may give (OpenAI allows 4).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -55,8 +57,12 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     pub logprobs: Option<Value>,
     pub tools: Option<Vec<Value>>,
-    /// Refused unless they ask for what the server does anyway (see [`UNSUPPORTED`]).
+    /// The form of the output: OpenAI's `{"type": "text"}`, or what the server's [`Formats`]
+    /// accept (they are handed its text, so that a JSON schema's properties keep their order).
     pub response_format: Option<Value>,
+    /// llama-server's field: a GBNF grammar the output must follow, where [`Formats`] accept it.
+    pub grammar: Option<Value>,
+    /// Refused unless they ask for what the server does anyway (see [`UNSUPPORTED`]).
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
     pub logit_bias: Option<Value>,
@@ -68,9 +74,8 @@ pub struct Sampling {
 /// OpenAI's fields the engine does not implement, each with the values that ask for nothing
 /// (what the server does anyway): any other value is a 400 naming the field, never ignored.
 /// `user` (an end-user id for the provider's abuse monitoring) is refused because this server
-/// keeps no such records; `response_format` waits for grammar-constrained decoding.
-pub const UNSUPPORTED: [(&str, &str); 7] = [
-    ("response_format", r#"{"type": "text"}"#),
+/// keeps no such records. (`response_format` and `grammar` are the [`Formats`]'.)
+pub const UNSUPPORTED: [(&str, &str); 6] = [
     ("tool_choice", r#""none""#),
     ("parallel_tool_calls", "false"),
     ("logit_bias", "{}"),
@@ -78,6 +83,51 @@ pub const UNSUPPORTED: [(&str, &str); 7] = [
     ("best_of", "1"),
     ("user", "no value"),
 ];
+
+// ANCHOR: formats
+/// What a request may ask of its output's form — OpenAI's `response_format`, llama-server's
+/// `grammar` — turned into a rule of the sampler ([`MakeRule`]). The server holds one value
+/// of this ([`ServeArgs::formats`](crate::ServeArgs::formats)): this chapter's [`TextOnly`],
+/// or a richer one that a later chapter hands in.
+pub trait Formats: Send + Sync + std::fmt::Debug {
+    /// The rule for a request with these fields (`None` where absent); `Ok(None)` for plain
+    /// text; a 400 naming the field for what cannot be done.
+    fn rule(
+        &self,
+        response_format: Option<&RawValue>,
+        grammar: Option<&Value>,
+    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError>;
+}
+
+/// Plain text only: `response_format` `{"type": "text"}` (what clients send by default), no
+/// `grammar`; anything else is refused by name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TextOnly;
+
+impl Formats for TextOnly {
+    fn rule(
+        &self,
+        response_format: Option<&RawValue>,
+        grammar: Option<&Value>,
+    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError> {
+        let format: Option<Value> =
+            response_format.and_then(|r| serde_json::from_str(r.get()).ok());
+        if format.is_some_and(|v| !v.is_null() && v != json!({"type": "text"})) {
+            return Err(ApiError::invalid(
+                "response_format",
+                "`response_format` is not supported (this server accepts only {\"type\": \"text\"})",
+            ));
+        }
+        if grammar.is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid(
+                "grammar",
+                "`grammar` is not supported (this server generates plain text)",
+            ));
+        }
+        Ok(None)
+    }
+}
+// ANCHOR_END: formats
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -307,7 +357,6 @@ impl Sampling {
             return Err(ApiError::invalid("tools", "`tools` is not supported"));
         }
         let given = [
-            &self.response_format,
             &self.tool_choice,
             &self.parallel_tool_calls,
             &self.logit_bias,
@@ -318,7 +367,6 @@ impl Sampling {
         for ((name, harmless), v) in UNSUPPORTED.into_iter().zip(given) {
             let asks_nothing = match (name, v) {
                 (_, None | Some(Value::Null)) => true,
-                ("response_format", Some(v)) => v == &json!({"type": "text"}),
                 ("tool_choice", Some(v)) => *v == "none",
                 ("parallel_tool_calls", Some(v)) => v == &json!(false),
                 ("logit_bias", Some(v)) => v.as_object().is_some_and(|m| m.is_empty()),
@@ -412,6 +460,7 @@ impl Sampling {
             max_tokens: max_tokens.unwrap_or(usize::MAX),
             sampler,
             stop,
+            rule: None,
         };
         Ok((params, max_tokens))
     }
@@ -763,8 +812,26 @@ mod tests {
 
     #[test]
     fn every_openai_field_the_engine_lacks_is_refused_by_name() {
+        let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
+        for (format, grammar, field) in [
+            (
+                Some(raw(r#"{"type": "json_object"}"#)),
+                None,
+                "response_format",
+            ),
+            (None, Some(json!("root ::= \"a\"")), "grammar"),
+        ] {
+            let e = TextOnly
+                .rule(format.as_deref(), grammar.as_ref())
+                .unwrap_err();
+            assert_eq!((e.status, e.param), (400, Some(field)), "{}", e.message);
+        }
+        let text = raw(r#"{"type": "text"}"#);
+        assert!(matches!(
+            TextOnly.rule(Some(&text), Some(&Value::Null)),
+            Ok(None)
+        ));
         for (field, value) in [
-            ("response_format", json!({"type": "json_object"})),
             ("tool_choice", json!("auto")),
             ("parallel_tool_calls", json!(true)),
             ("logit_bias", json!({"50256": -100})),
@@ -777,7 +844,7 @@ mod tests {
             assert!(e.message.contains(field), "{}", e.message);
         }
         // What asks for nothing is accepted: the values clients send by default.
-        let harmless = json!({"response_format": {"type": "text"}, "tool_choice": "none",
+        let harmless = json!({"tool_choice": "none",
             "parallel_tool_calls": false, "logit_bias": {}, "top_logprobs": 0, "best_of": 1,
             "user": null});
         assert!(sampling(harmless).is_ok());

@@ -21,6 +21,7 @@ pub mod api;
 pub mod server;
 pub mod worker;
 
+pub use api::{Formats, TextOnly};
 use ch10::engine::BLOCK_SIZE;
 pub use server::{AppState, Limits, Loaded, Tenant};
 use std::error::Error;
@@ -74,6 +75,9 @@ pub struct ServeArgs {
     /// The architectures the server loads: chapter 4's, unless a later chapter hands in a
     /// bigger set.
     pub archs: ch10::Architectures,
+    /// The output forms requests may ask for: plain text ([`TextOnly`]), unless a later
+    /// chapter hands in more.
+    pub formats: Arc<dyn Formats>,
 }
 // ANCHOR_END: args
 
@@ -98,6 +102,7 @@ impl Default for ServeArgs {
             no_repack: false,
             cache: ch10::CacheTypes::F32,
             archs: ch10::architectures(),
+            formats: Arc::new(TextOnly),
         }
     }
 }
@@ -205,6 +210,7 @@ pub fn load_observed(
         description,
         max_text_bytes,
         body_limit,
+        formats: Arc::clone(&args.formats),
     })
 }
 // ANCHOR_END: load_worker

@@ -8,7 +8,9 @@
 //! given back, and the request cancelled if it is still running, when the handler or its
 //! stream is dropped — which is what happens when a client disconnects.
 
-use crate::api::{ApiError, ChatRequest, CompletionRequest, Endpoint, Head, Prompt, Usage};
+use crate::api::{
+    ApiError, ChatRequest, CompletionRequest, Endpoint, Formats, Head, Prompt, Sampling, Usage,
+};
 use crate::worker::{Event, Job, Ticket, Worker};
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -65,6 +67,8 @@ pub struct Loaded {
     /// The largest body a request that fits the context needs ([`body_limit_for`]), at most
     /// the configured limit.
     pub body_limit: usize,
+    /// The output forms requests may ask for ([`ServeArgs::formats`](crate::ServeArgs)).
+    pub formats: Arc<dyn Formats>,
 }
 
 /// Most bytes of text that `n_ctx` tokens can cover: no token covers more than the longest
@@ -380,7 +384,10 @@ pub fn model_card(s: &AppState) -> Option<Value> {
 }
 
 /// The body, read and parsed: 413 over the limit, 400 for anything else.
-async fn parse<T: serde::de::DeserializeOwned>(s: &AppState, body: Body) -> Result<T, ApiError> {
+async fn parse<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    body: Body,
+) -> Result<(T, Bytes), ApiError> {
     let limit = s.body_limit();
     let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
         if is_length_limit(&e) {
@@ -389,7 +396,8 @@ async fn parse<T: serde::de::DeserializeOwned>(s: &AppState, body: Body) -> Resu
             ApiError::invalid("body", e.to_string())
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_json(&e))
+    let parsed = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_json(&e))?;
+    Ok((parsed, bytes))
 }
 
 /// Whether reading a body failed because it passed the limit.
@@ -436,9 +444,10 @@ async fn chat(
             Some(Extension(t)) => t,
             None => s.preparing().await,
         };
-        let req: ChatRequest = parse(&s, body).await?;
+        let (req, body): (ChatRequest, _) = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
-        let (params, asked) = req.sampling.params()?;
+        let (mut params, asked) = req.sampling.params()?;
+        params.rule = form(l, &body, &req.sampling)?;
         let messages = req.messages()?;
         check_text_bytes(
             l,
@@ -466,6 +475,31 @@ async fn chat(
 }
 // ANCHOR_END: chat
 
+/// The rule of a request's output form (`response_format`, `grammar`), from the server's
+/// [`Formats`], which get `response_format` as the text the client sent (`body`): a JSON
+/// schema's properties in their order. Compiling a grammar is bounded work (the formats'
+/// limits), done here.
+fn form(
+    l: &Loaded,
+    body: &[u8],
+    s: &Sampling,
+) -> Result<Option<Arc<dyn ch10::MakeRule>>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Format<'a> {
+        #[serde(borrow, default)]
+        response_format: Option<&'a serde_json::value::RawValue>,
+    }
+    let raw = match s.response_format {
+        None | Some(Value::Null) => None,
+        Some(_) => {
+            serde_json::from_slice::<Format>(body)
+                .map_err(|e| ApiError::bad_json(&e))?
+                .response_format
+        }
+    };
+    l.formats.rule(raw, s.grammar.as_ref())
+}
+
 /// The conversation's token ids: the template's markers as control tokens, the messages'
 /// content as text (chapter 2's special-token rule).
 fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
@@ -490,9 +524,10 @@ async fn completions(
             Some(Extension(t)) => t,
             None => s.preparing().await,
         };
-        let req: CompletionRequest = parse(&s, body).await?;
+        let (req, body): (CompletionRequest, _) = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
-        let (params, asked) = req.sampling.params()?;
+        let (mut params, asked) = req.sampling.params()?;
+        params.rule = form(l, &body, &req.sampling)?;
         let prompt = match req.prompt()? {
             Prompt::Tokens(ids) => ids,
             Prompt::Text(text) => {

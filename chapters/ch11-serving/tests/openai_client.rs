@@ -4,58 +4,12 @@
 //! directory of the cache directory.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `openai` package the check runs with.
-const OPENAI_VERSION: &str = "3.54.0";
 /// Loading the model and listening takes about a second; far more on a loaded machine.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// `python3`, and a directory holding `openai` at [`OPENAI_VERSION`] for its `PYTHONPATH`,
-/// installed there with pip if missing (pip is what fetching the model needs already; a
-/// virtual environment would also need Debian's `python3-venv`).
-fn python() -> (PathBuf, PathBuf) {
-    let dir = shared::cache_dir()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .join(format!("openai-{OPENAI_VERSION}"));
-    let py = PathBuf::from("python3");
-    let has = || {
-        Command::new(&py)
-            .env("PYTHONPATH", &dir)
-            .args([
-                "-c",
-                &format!("import openai, sys; sys.exit(openai.__version__ != {OPENAI_VERSION:?})"),
-            ])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !has() {
-        let s = Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(format!("openai=={OPENAI_VERSION}"))
-            .status()
-            .unwrap_or_else(|e| panic!("python3 -m pip install openai: {e}"));
-        assert!(
-            s.success(),
-            "installing openai {OPENAI_VERSION} with pip failed"
-        );
-        assert!(
-            has(),
-            "openai {OPENAI_VERSION} is not importable after installing it"
-        );
-    }
-    (py, dir)
-}
 
 /// The server process, killed when dropped.
 struct Server(Child);
@@ -123,7 +77,7 @@ fn start() -> (Server, String) {
 
 #[test]
 fn openais_python_client_works() {
-    let (py, path) = python();
+    let (py, path) = testkit::python::openai();
     let (_server, base) = start();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let out = Command::new(py)

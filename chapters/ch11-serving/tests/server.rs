@@ -349,6 +349,7 @@ fn greedy_answers_equal_the_finished_engines() {
         max_tokens: n,
         sampler: SamplerParams::greedy(),
         stop: vec![],
+        rule: None,
     };
     let mut runner = Scheduled::with_cache(engine, engine.model.n_ctx(), 1, a.cache).unwrap();
 

@@ -133,6 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         }
                     },
                     stop: vec![],
+                    rule: None,
                 },
             })?;
         }

@@ -1,0 +1,168 @@
+//! Where users ask for structure: the command line's `--grammar`, `--grammar-file`,
+//! `--json-schema`, `--json-schema-file` (llama.cpp's names), and the server's
+//! `response_format` (OpenAI's `json_object` and `json_schema`) and `grammar` (llama-server's).
+//! Both end in [`compile`]: text of a grammar or a schema, checked, as a [`Constraint`].
+
+use crate::api::ApiError;
+use crate::gbnf::{Grammar, GrammarError};
+use crate::mask::{Constraint, IndexCell};
+use crate::schema::{SchemaError, schema_text_to_grammar};
+use crate::{Formats, MakeRule};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The schema of OpenAI's `{"type": "json_object"}`: any JSON object.
+pub const JSON_OBJECT_SCHEMA: &str = r#"{"type": "object"}"#;
+
+/// Grammars a server keeps compiled, by their text, so that requests with the same schema
+/// share the masks computed so far. Few applications use more than a handful of schemas; past
+/// this many the server starts again.
+pub const MAX_COMPILED: usize = 64;
+
+/// What to constrain output to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// GBNF text, root rule `root`.
+    Grammar(String),
+    /// A JSON Schema, as JSON text.
+    JsonSchema(String),
+}
+
+/// A grammar or schema that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("grammar: {0}")]
+    Grammar(#[from] GrammarError),
+    #[error("JSON schema: {0}")]
+    Schema(#[from] SchemaError),
+    #[error("JSON schema: the grammar made of it: {0}")]
+    SchemaGrammar(GrammarError),
+}
+
+/// The grammar `source` asks for, checked: parsed from rule `root`, or converted from the
+/// schema and parsed.
+pub fn compile(source: &Source) -> Result<Grammar, CompileError> {
+    match source {
+        Source::Grammar(text) => Ok(Grammar::parse(text, "root")?),
+        Source::JsonSchema(text) => {
+            let gbnf = schema_text_to_grammar(text)?;
+            Grammar::parse(&gbnf, "root").map_err(CompileError::SchemaGrammar)
+        }
+    }
+}
+
+// ANCHOR: structured
+/// The server's output forms ([`Formats`]): plain text, `json_object`, `json_schema`, and a
+/// GBNF `grammar`. All grammars share the vocabulary's trie; the same text compiles once.
+#[derive(Debug, Default)]
+pub struct Structured {
+    index: Arc<IndexCell>,
+    compiled: Mutex<HashMap<Source, Constraint>>,
+}
+
+impl Structured {
+    /// The rule of `source`, compiled once.
+    pub fn constraint(&self, source: Source) -> Result<Constraint, CompileError> {
+        let mut compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = compiled.get(&source) {
+            return Ok(c.clone());
+        }
+        let c = Constraint::sharing(compile(&source)?, self.index.clone());
+        if compiled.len() >= MAX_COMPILED {
+            compiled.clear();
+        }
+        compiled.insert(source, c.clone());
+        Ok(c)
+    }
+}
+
+/// The fields of a `response_format` this server reads. `schema` stays text, so that its
+/// properties keep their order.
+#[derive(serde::Deserialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(borrow)]
+    json_schema: Option<JsonSchemaField<'a>>,
+    /// llama-server's `{"type": "json_object", "schema": {…}}`.
+    #[serde(borrow)]
+    schema: Option<&'a RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct JsonSchemaField<'a> {
+    #[serde(borrow)]
+    schema: Option<&'a RawValue>,
+}
+
+impl Formats for Structured {
+    fn rule(
+        &self,
+        response_format: Option<&RawValue>,
+        grammar: Option<&Value>,
+    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError> {
+        let bad_format = |m: String| ApiError::invalid("response_format", m);
+        let from_format = match response_format.map(RawValue::get) {
+            None | Some("null") => None,
+            Some(text) => {
+                let f: ResponseFormat = serde_json::from_str(text).map_err(|e| {
+                    bad_format(format!(
+                        "`response_format` must be an object with a `type`: {e}"
+                    ))
+                })?;
+                match (f.kind.as_str(), f.json_schema, f.schema) {
+                    ("text", _, _) => None,
+                    ("json_object", _, None) => {
+                        Some(Source::JsonSchema(JSON_OBJECT_SCHEMA.to_string()))
+                    }
+                    ("json_object", _, Some(s)) => Some(Source::JsonSchema(s.get().to_string())),
+                    ("json_schema", Some(JsonSchemaField { schema: Some(s) }), _) => {
+                        Some(Source::JsonSchema(s.get().to_string()))
+                    }
+                    ("json_schema", _, _) => {
+                        return Err(bad_format(
+                            "`response_format` of type `json_schema` needs \
+                             `json_schema.schema`"
+                                .into(),
+                        ));
+                    }
+                    (other, _, _) => {
+                        return Err(bad_format(format!(
+                            "`response_format.type` is {:?}; this server knows `text`, \
+                             `json_object` and `json_schema`",
+                            crate::api::echo(other)
+                        )));
+                    }
+                }
+            }
+        };
+        let from_grammar = match grammar {
+            None | Some(Value::Null) => None,
+            Some(Value::String(g)) => Some(Source::Grammar(g.clone())),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "grammar",
+                    "`grammar` must be a string of GBNF",
+                ));
+            }
+        };
+        let (source, field) = match (from_format, from_grammar) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "grammar",
+                    "give either `grammar` or a `response_format` with a schema, not both",
+                ));
+            }
+            (Some(s), None) => (s, "response_format"),
+            (None, Some(g)) => (g, "grammar"),
+        };
+        let c = self
+            .constraint(source)
+            .map_err(|e| ApiError::invalid(field, e.to_string()))?;
+        Ok(Some(Arc::new(c)))
+    }
+}
+// ANCHOR_END: structured

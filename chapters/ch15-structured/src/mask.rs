@@ -1,0 +1,387 @@
+//! From a grammar's state to the tokens that may come next, fast enough to run every step.
+//!
+//! A token may come next when its bytes can continue some sentence of the grammar. Asking that
+//! of one token is a handful of [`Grammar::accept_char`] calls; asking it of a whole
+//! vocabulary (49k–262k tokens) one token at a time costs milliseconds. Two things make the
+//! mask cheap:
+//!
+//! - **A token trie** ([`TokenIndex`]): the vocabulary's pieces sorted into a tree of shared
+//!   prefixes, laid out in pre-order so that a walk is a loop over an array. The grammar
+//!   state of a node is computed once for all tokens below it, and a node whose bytes the
+//!   grammar refuses is skipped with its whole subtree — under a JSON grammar after `{`, one
+//!   refused byte rules out most of the vocabulary at once.
+//! - **A cache of masks by state** ([`MaskCache`]): a grammar returns to the same stacks
+//!   again and again (inside every string, after every comma), and the mask depends on
+//!   nothing else.
+//!
+//! And [`Sampler::sample_ruled`](crate::Sampler::sample_ruled) asks about the sampled token
+//! first, so most steps need no mask at all.
+
+use crate::gbnf::Grammar;
+use crate::matcher::{MatchError, Partial, Scratch, Stacks, feed};
+use crate::{MakeRule, TokenRule, Tokenizer};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The memory one grammar's mask cache may hold, in bytes: 2,048 masks of the default
+/// model's 49,152 tokens (6 KB each), 384 of a 262k vocabulary. A JSON schema of a dozen
+/// fields visits a few hundred states; when the cache is full it starts again.
+pub const MASK_CACHE_BYTES: usize = 12 << 20;
+
+/// One node of the trie: the byte that leads to it, its depth, where its subtree ends, and
+/// the tokens whose piece ends here.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    byte: u8,
+    depth: u32,
+    /// Index one past the last node of this node's subtree.
+    end: u32,
+    tokens: (u32, u32),
+}
+
+/// A vocabulary's pieces as a trie in pre-order, with what a grammar needs to know of each
+/// token: its bytes, and whether it ends generation.
+#[derive(Debug)]
+pub struct TokenIndex {
+    nodes: Vec<Node>,
+    node_tokens: Vec<u32>,
+    pieces: Vec<Vec<u8>>,
+    eog: Vec<u32>,
+    depth: usize,
+}
+
+impl TokenIndex {
+    /// The trie of `tokenizer`'s pieces (special tokens rendered as their text, as llama.cpp's
+    /// grammar sees them). End-of-generation tokens and empty pieces are not in the trie: the
+    /// first are allowed when the grammar is complete, the second never (llama.cpp's rules).
+    pub fn new(tokenizer: &Tokenizer) -> TokenIndex {
+        let n = tokenizer.vocab_size();
+        let pieces: Vec<Vec<u8>> = (0..n as u32).map(|t| tokenizer.token_to_piece(t)).collect();
+        let eog: Vec<u32> = (0..n as u32).filter(|&t| tokenizer.is_eog(t)).collect();
+        let mut order: Vec<u32> = (0..n as u32)
+            .filter(|&t| {
+                let p = &pieces[t as usize];
+                !tokenizer.is_eog(t) && !p.is_empty() && p[0] != 0
+            })
+            .collect();
+        order.sort_by(|&a, &b| pieces[a as usize].cmp(&pieces[b as usize]));
+        let root = Node {
+            byte: 0,
+            depth: 0,
+            end: 0,
+            tokens: (0, 0),
+        };
+        let mut nodes = vec![root];
+        let mut node_tokens = Vec::with_capacity(order.len());
+        let mut path: Vec<usize> = vec![0]; // path[d]: the node at depth d of the last piece
+        let mut prev: &[u8] = &[];
+        let mut depth = 0;
+        for &t in &order {
+            let piece = &pieces[t as usize][..];
+            let common = piece.iter().zip(prev).take_while(|(a, b)| a == b).count();
+            while path.len() > common + 1 {
+                let done = path.pop().unwrap_or(0);
+                nodes[done].end = nodes.len() as u32;
+            }
+            for (d, &b) in piece.iter().enumerate().skip(common) {
+                path.push(nodes.len());
+                nodes.push(Node {
+                    byte: b,
+                    depth: d as u32 + 1,
+                    end: 0,
+                    tokens: (0, 0),
+                });
+            }
+            let last = *path.last().unwrap_or(&0);
+            if nodes[last].tokens.1 == 0 {
+                nodes[last].tokens = (node_tokens.len() as u32, node_tokens.len() as u32);
+            }
+            node_tokens.push(t);
+            nodes[last].tokens.1 = node_tokens.len() as u32;
+            depth = depth.max(piece.len());
+            prev = piece;
+        }
+        while let Some(done) = path.pop() {
+            nodes[done].end = nodes.len() as u32;
+        }
+        TokenIndex {
+            nodes,
+            node_tokens,
+            pieces,
+            eog,
+            depth,
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Nodes of the trie, its root included.
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn is_eog(&self, t: u32) -> bool {
+        self.eog.contains(&t)
+    }
+
+    /// The tokens (not ending generation) whose bytes can come next after `stacks` and
+    /// `partial`, as a bit set over the vocabulary: a walk of the trie that skips every
+    /// subtree the grammar refuses.
+    pub fn allowed(&self, g: &Grammar, stacks: &Stacks, partial: Partial) -> Vec<u64> {
+        let mut bits = vec![0u64; self.n_vocab().div_ceil(64)];
+        // levels[d]: the stacks after a node at depth d, when its byte finished a character;
+        // holder[d]: the depth whose stacks hold for depth d (a byte inside a character
+        // leaves them as they were); partials[d]: the character left unfinished at d.
+        let mut levels: Vec<Stacks> = vec![Stacks::default(); self.depth + 1];
+        levels[0] = stacks.clone();
+        let mut holder = vec![0usize; self.depth + 1];
+        let mut partials = vec![Partial::default(); self.depth + 1];
+        partials[0] = partial;
+        let mut s = Scratch::default();
+        let mut i = 1;
+        while i < self.nodes.len() {
+            let node = self.nodes[i];
+            let d = node.depth as usize;
+            let mut p = partials[d - 1];
+            let alive = match p.push(node.byte) {
+                Some(c) => {
+                    let (before, after) = levels.split_at_mut(d);
+                    let out = &mut after[0];
+                    let ok = g.accept_char(&before[holder[d - 1]], c, out, &mut s);
+                    holder[d] = d;
+                    partials[d] = Partial::default();
+                    ok.is_ok() && !out.is_empty()
+                }
+                None if p.n_remain < 0 => false,
+                None => {
+                    holder[d] = holder[d - 1];
+                    partials[d] = p;
+                    g.partial_fits(&levels[holder[d]], p)
+                }
+            };
+            if !alive {
+                i = node.end as usize;
+                continue;
+            }
+            for &t in &self.node_tokens[node.tokens.0 as usize..node.tokens.1 as usize] {
+                bits[t as usize / 64] |= 1 << (t % 64);
+            }
+            i += 1;
+        }
+        bits
+    }
+}
+
+/// Allowed-token bit sets by grammar state.
+type Masks = HashMap<(Stacks, Partial), Arc<Vec<u64>>>;
+
+/// Masks already computed for a grammar, by state (its stacks and unfinished character).
+#[derive(Debug, Default)]
+pub struct MaskCache {
+    masks: Mutex<Masks>,
+}
+
+impl MaskCache {
+    fn get_or_compute(
+        &self,
+        index: &TokenIndex,
+        g: &Grammar,
+        stacks: &Stacks,
+        partial: Partial,
+    ) -> Arc<Vec<u64>> {
+        let key = (stacks.clone(), partial);
+        if let Some(m) = self.lock().get(&key) {
+            return m.clone();
+        }
+        let mask = Arc::new(index.allowed(g, stacks, partial));
+        let mut masks = self.lock();
+        let capacity = MASK_CACHE_BYTES / (mask.len() * 8).max(1);
+        if masks.len() >= capacity {
+            masks.clear();
+        }
+        masks.insert(key, mask.clone());
+        mask
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Masks> {
+        // A panic elsewhere while holding the lock leaves a valid map (inserts are whole).
+        self.masks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// ANCHOR: constraint
+/// A compiled grammar as a sampler rule ([`MakeRule`]): every generation gets its own
+/// [`GrammarRule`] state; all of them share the grammar, the vocabulary's trie and the
+/// masks computed so far.
+#[derive(Debug, Clone)]
+pub struct Constraint {
+    pub grammar: Arc<Grammar>,
+    index: Arc<IndexCell>,
+    cache: Arc<MaskCache>,
+}
+
+/// The trie of the vocabulary a generation first starts with, kept for the next ones: built
+/// once per process (a server shares one cell among all its grammars).
+#[derive(Debug, Default)]
+pub struct IndexCell(Mutex<Option<Arc<TokenIndex>>>);
+
+impl IndexCell {
+    /// The trie of `tokenizer`'s vocabulary: the kept one if it is of this vocabulary's size,
+    /// else a new one (kept in its place).
+    pub fn get(&self, tokenizer: &Tokenizer) -> Arc<TokenIndex> {
+        let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cell {
+            Some(i) if i.n_vocab() == tokenizer.vocab_size() => i.clone(),
+            _ => {
+                let i = Arc::new(TokenIndex::new(tokenizer));
+                *cell = Some(i.clone());
+                i
+            }
+        }
+    }
+}
+
+impl Constraint {
+    /// A rule for `grammar`; the trie of the vocabulary is built when a generation starts.
+    pub fn new(grammar: Grammar) -> Constraint {
+        Constraint::sharing(grammar, Arc::default())
+    }
+
+    /// A rule for `grammar` whose trie comes from `index`, shared with other rules.
+    pub fn sharing(grammar: Grammar, index: Arc<IndexCell>) -> Constraint {
+        Constraint {
+            grammar: Arc::new(grammar),
+            index,
+            cache: Arc::default(),
+        }
+    }
+
+    /// The masks computed so far.
+    pub fn cached_masks(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// A generation's rule state, or why the grammar cannot start (it is too ambiguous).
+    pub fn state(&self, tokenizer: &Tokenizer) -> Result<GrammarRule, MatchError> {
+        let index = self.index.get(tokenizer);
+        let mut scratch = Scratch::default();
+        let stacks = self.grammar.initial_stacks(&mut scratch)?;
+        Ok(GrammarRule {
+            grammar: self.grammar.clone(),
+            index,
+            cache: self.cache.clone(),
+            stacks,
+            partial: Partial::default(),
+            scratch,
+        })
+    }
+}
+
+impl MakeRule for Constraint {
+    fn start(&self, tokenizer: &Tokenizer) -> Box<dyn TokenRule> {
+        match self.state(tokenizer) {
+            Ok(s) => Box::new(s),
+            // The grammar was checked when it was compiled; a start that still fails ends
+            // generation at once rather than run unconstrained.
+            Err(_) => Box::new(EndNow),
+        }
+    }
+}
+
+/// Allows only the end of generation.
+struct EndNow;
+
+impl TokenRule for EndNow {
+    fn allows(&mut self, _token: u32) -> bool {
+        false
+    }
+    fn mask(&mut self, _logits: &mut [f32]) {}
+    fn accept(&mut self, _token: u32) {}
+}
+
+/// One generation's place in a grammar.
+pub struct GrammarRule {
+    grammar: Arc<Grammar>,
+    index: Arc<TokenIndex>,
+    cache: Arc<MaskCache>,
+    pub stacks: Stacks,
+    pub partial: Partial,
+    scratch: Scratch,
+}
+
+impl GrammarRule {
+    /// Whether the text so far is a whole sentence: then the end of generation may come.
+    pub fn is_complete(&self) -> bool {
+        self.stacks.accepts_here()
+    }
+}
+
+impl TokenRule for GrammarRule {
+    fn allows(&mut self, token: u32) -> bool {
+        if self.index.is_eog(token) {
+            return self.is_complete();
+        }
+        match self.index.pieces.get(token as usize) {
+            Some(p) if !p.is_empty() && p[0] != 0 => feed(
+                &self.grammar,
+                &self.stacks,
+                self.partial,
+                p,
+                &mut self.scratch,
+            )
+            .is_ok(),
+            _ => false,
+        }
+    }
+
+    fn mask(&mut self, logits: &mut [f32]) {
+        let allowed =
+            self.cache
+                .get_or_compute(&self.index, &self.grammar, &self.stacks, self.partial);
+        let mut any = false;
+        for (t, l) in logits.iter_mut().enumerate() {
+            if allowed.get(t / 64).is_some_and(|w| w >> (t % 64) & 1 == 1) {
+                any = true;
+            } else if !self.index.is_eog(t as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        // The end of generation comes when the text is a whole sentence — or when nothing else
+        // can continue it (a dead end, which a grammar over a byte-level vocabulary rarely has).
+        if any && !self.is_complete() {
+            for &t in &self.index.eog {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, token: u32) {
+        if self.index.is_eog(token) {
+            return;
+        }
+        let piece = self.index.pieces.get(token as usize).map_or(&[][..], |p| p);
+        if let Ok((stacks, partial)) = feed(
+            &self.grammar,
+            &self.stacks,
+            self.partial,
+            piece,
+            &mut self.scratch,
+        ) {
+            self.stacks = stacks;
+            self.partial = partial;
+        }
+    }
+}
+// ANCHOR_END: constraint

@@ -1,0 +1,89 @@
+//! Chapter 15's engine: chapter 14's flags and llama.cpp's grammar flags (`--grammar`,
+//! `--grammar-file`, `--json-schema`, `--json-schema-file`), turned into chapter 15's
+//! [`Constraint`](ch15::Constraint) on the generation.
+
+use crate::scaling::{self, Scaling};
+use ch15::{Architectures, Constraint, MakeRule, Source, compile};
+use clap::{CommandFactory, Parser};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Run a GGUF model: complete a prompt, or chat — its output held to a grammar if asked.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "engine",
+    about = "Run a GGUF model: complete a prompt, or chat (--chat); --grammar or --json-schema \
+             holds the output to a form."
+)]
+pub struct Structured {
+    /// Chapter 14's flags: chapter 10's and --mem-budget.
+    #[command(flatten)]
+    pub scaling: Scaling,
+    /// A GBNF grammar the output must follow (root rule `root`).
+    #[arg(long, group = "form", conflicts_with = "ignore_eos")]
+    pub grammar: Option<String>,
+    /// A file holding the GBNF grammar.
+    #[arg(long, group = "form", conflicts_with = "ignore_eos")]
+    pub grammar_file: Option<PathBuf>,
+    /// A JSON Schema the output must be an instance of, e.g. '{"type": "object"}' ('{}': any
+    /// JSON).
+    #[arg(long, short = 'j', group = "form", conflicts_with = "ignore_eos")]
+    pub json_schema: Option<String>,
+    /// A file holding the JSON Schema.
+    #[arg(long, group = "form", conflicts_with = "ignore_eos")]
+    pub json_schema_file: Option<PathBuf>,
+}
+
+impl Structured {
+    /// What the flags ask to constrain the output to, reading a file if one is named.
+    pub fn source(&self) -> Result<Option<Source>, String> {
+        let read = |flag: &str, p: &PathBuf| {
+            std::fs::read_to_string(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
+        };
+        Ok(
+            match (
+                &self.grammar,
+                &self.grammar_file,
+                &self.json_schema,
+                &self.json_schema_file,
+            ) {
+                (Some(g), ..) => Some(Source::Grammar(g.clone())),
+                (_, Some(p), ..) => Some(Source::Grammar(read("--grammar-file", p)?)),
+                (_, _, Some(s), _) => Some(Source::JsonSchema(s.clone())),
+                (.., Some(p)) => Some(Source::JsonSchema(read("--json-schema-file", p)?)),
+                _ => None,
+            },
+        )
+    }
+
+    /// The flag that gave the form, for messages.
+    fn flag(&self) -> &'static str {
+        match (&self.grammar, &self.grammar_file, &self.json_schema) {
+            (Some(_), ..) => "--grammar",
+            (_, Some(_), _) => "--grammar-file",
+            (_, _, Some(_)) => "--json-schema",
+            _ => "--json-schema-file",
+        }
+    }
+}
+
+/// [`scaling::main_with`] with the output held to the grammar the flags give; a grammar or
+/// schema that cannot be used is a usage error naming the flag and the problem.
+pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
+    let flags = Structured::parse_from(argv);
+    let fail = |m: String| -> ! {
+        Structured::command()
+            .error(clap::error::ErrorKind::ValueValidation, m)
+            .exit()
+    };
+    let rule = match flags.source() {
+        Err(e) => fail(e),
+        Ok(None) => None,
+        Ok(Some(source)) => match compile(&source) {
+            Ok(g) => Some(Arc::new(Constraint::new(g)) as Arc<dyn MakeRule>),
+            Err(e) => fail(format!("{}: {e}", flags.flag())),
+        },
+    };
+    scaling::main_with(flags.scaling, archs, rule);
+}

@@ -1,0 +1,51 @@
+//! Python with OpenAI's official client, for the tests that talk to a server the way a user's
+//! program does.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `openai` package the check runs with.
+pub const OPENAI_VERSION: &str = "3.54.0";
+/// `python3`, and a directory holding `openai` at [`OPENAI_VERSION`] for its `PYTHONPATH`,
+/// installed there with pip if missing (pip is what fetching the model needs already; a
+/// virtual environment would also need Debian's `python3-venv`).
+pub fn openai() -> (PathBuf, PathBuf) {
+    let dir = shared::cache_dir()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .join(format!("openai-{OPENAI_VERSION}"));
+    let py = PathBuf::from("python3");
+    let has = || {
+        Command::new(&py)
+            .env("PYTHONPATH", &dir)
+            .args([
+                "-c",
+                &format!("import openai, sys; sys.exit(openai.__version__ != {OPENAI_VERSION:?})"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has() {
+        let s = Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(format!("openai=={OPENAI_VERSION}"))
+            .status()
+            .unwrap_or_else(|e| panic!("python3 -m pip install openai: {e}"));
+        assert!(
+            s.success(),
+            "installing openai {OPENAI_VERSION} with pip failed"
+        );
+        assert!(
+            has(),
+            "openai {OPENAI_VERSION} is not importable after installing it"
+        );
+    }
+    (py, dir)
+}
