@@ -21,6 +21,7 @@ pub const JSON_OBJECT_SCHEMA: &str = r#"{"type": "object"}"#;
 /// this many the server starts again.
 pub const MAX_COMPILED: usize = 64;
 
+// ANCHOR: compile
 /// What to constrain output to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Source {
@@ -52,6 +53,7 @@ pub fn compile(source: &Source) -> Result<Grammar, CompileError> {
         }
     }
 }
+// ANCHOR_END: compile
 
 // ANCHOR: structured
 /// The server's output forms ([`Formats`]): plain text, `json_object`, `json_schema`, and a
@@ -77,6 +79,7 @@ impl Structured {
         Ok(c)
     }
 }
+// ANCHOR_END: structured
 
 /// The fields of a `response_format` this server reads. `schema` stays text, so that its
 /// properties keep their order.
@@ -97,6 +100,7 @@ struct JsonSchemaField<'a> {
     schema: Option<&'a RawValue>,
 }
 
+// ANCHOR: formats_rule
 impl Formats for Structured {
     fn rule(
         &self,
@@ -138,6 +142,8 @@ impl Formats for Structured {
                 }
             }
         };
+        // ANCHOR_END: formats_rule
+        // ANCHOR: formats_choice
         let from_grammar = match grammar {
             None | Some(Value::Null) => None,
             Some(Value::String(g)) => Some(Source::Grammar(g.clone())),
@@ -165,4 +171,4 @@ impl Formats for Structured {
         Ok(Some(Arc::new(c)))
     }
 }
-// ANCHOR_END: structured
+// ANCHOR_END: formats_choice

@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 
+// ANCHOR: limits
 /// The largest grammar text accepted, in bytes. The JSON grammars of real schemas are a few
 /// kilobytes; a megabyte leaves room for big generated grammars while keeping parsing (linear
 /// in the text) and the rule arrays small.
@@ -39,7 +40,9 @@ pub const MAX_REPETITION: u64 = 2000;
 /// The deepest nesting of groups. Parsing recurses once per `(`; 256 levels is far beyond any
 /// written grammar and far within the smallest thread stack.
 pub const MAX_GROUP_DEPTH: usize = 256;
+// ANCHOR_END: limits
 
+// ANCHOR: elem
 /// One element of a rule (llama.cpp's `llama_grammar_element`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Elem {
@@ -67,6 +70,7 @@ impl Elem {
         matches!(self, Elem::End | Elem::Alt)
     }
 }
+// ANCHOR_END: elem
 
 /// A grammar that could not be built, with where and why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,6 +104,7 @@ pub enum GrammarError {
     TooManyElements,
 }
 
+// ANCHOR: parse
 /// A parsed grammar: its rules, their names, and the rule it starts from.
 #[derive(Debug, Clone)]
 pub struct Grammar {
@@ -159,6 +164,7 @@ impl Grammar {
         }
         Ok(g)
     }
+    // ANCHOR_END: parse
 
     /// The elements of rule `r`, its `End` included.
     pub fn rule(&self, r: u32) -> &[Elem] {
@@ -291,9 +297,11 @@ pub fn class_end(seq: &[Elem], i: usize) -> usize {
     j
 }
 
+// ANCHOR: class_matches_something
 /// Whether a class (its elements, from its `Char`/`CharNot`/`CharAny` on) matches at least one
 /// code point: `[z-a]` and `[^\x00-\U0010FFFF]` match none.
 fn class_matches_something(class: &[Elem]) -> bool {
+    // ANCHOR: yours_class_matches_something
     let mut ranges = Vec::new();
     let negated = matches!(class[0], Elem::CharNot(_));
     let mut i = 0;
@@ -328,7 +336,9 @@ fn class_matches_something(class: &[Elem]) -> bool {
         covered_to = covered_to.max(hi.saturating_add(1));
     }
     covered_to <= char::MAX as u32
+    // ANCHOR_END: yours_class_matches_something
 }
+// ANCHOR_END: class_matches_something
 
 /// llama.cpp's grammar parser, over bytes, remembering where it is for error messages.
 struct Parser<'a> {
@@ -680,7 +690,14 @@ impl Parser<'_> {
                         b'+' => (1, None),
                         _ => (0, Some(1)),
                     };
-                    self.repeat(name, rule, last_sym_start, (min, max), at, &mut n_prev_rules)?;
+                    self.repeat(
+                        name,
+                        rule,
+                        last_sym_start,
+                        (min, max),
+                        at,
+                        &mut n_prev_rules,
+                    )?;
                 }
                 b'{' => {
                     let at = self.pos;
@@ -733,7 +750,14 @@ impl Parser<'_> {
                     }
                     // As llama.cpp: a maximum beyond the threshold means no maximum.
                     let max = max.filter(|&m| m <= MAX_REPETITION);
-                    self.repeat(name, rule, last_sym_start, (min, max), at, &mut n_prev_rules)?;
+                    self.repeat(
+                        name,
+                        rule,
+                        last_sym_start,
+                        (min, max),
+                        at,
+                        &mut n_prev_rules,
+                    )?;
                 }
                 _ => break,
             }
@@ -749,6 +773,7 @@ impl Parser<'_> {
         }
     }
 
+    // ANCHOR: repeat
     /// llama.cpp's `handle_repetitions`: rewrite the last symbol of `rule` (from
     /// `last_sym_start`) as `min` copies, then `max - min` nested optional rules (or one
     /// recursive rule when unbounded).
@@ -782,6 +807,8 @@ impl Parser<'_> {
             ));
         }
         let prev: Vec<Elem> = rule[last_sym_start..].to_vec();
+        // ANCHOR_END: repeat
+        // ANCHOR: repeat_expand
         // Bound what the expansion will add before making it.
         let n_opt = match max {
             None => 1,
@@ -820,6 +847,7 @@ impl Parser<'_> {
         }
         Ok(())
     }
+    // ANCHOR_END: repeat_expand
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 use crate::gbnf::Grammar;
 use crate::matcher::{MatchError, Partial, Scratch, Stacks, feed};
 use crate::{MakeRule, TokenRule, Tokenizer};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -129,17 +130,25 @@ impl TokenIndex {
     /// The tokens (not ending generation) whose bytes can come next after `stacks` and
     /// `partial`, as a bit set over the vocabulary: a walk of the trie that skips every
     /// subtree the grammar refuses.
+    ///
+    /// Most nodes repeat a step already taken: inside a JSON string every ordinary character
+    /// leads from the string's state back to the same state. So the walk gives each distinct
+    /// set of stacks a number and remembers each step (a state and a character) it computed;
+    /// a step taken again is one hash lookup instead of advancing stacks.
     pub fn allowed(&self, g: &Grammar, stacks: &Stacks, partial: Partial) -> Vec<u64> {
+        const DEAD: u32 = u32::MAX;
         let mut bits = vec![0u64; self.n_vocab().div_ceil(64)];
-        // levels[d]: the stacks after a node at depth d, when its byte finished a character;
-        // holder[d]: the depth whose stacks hold for depth d (a byte inside a character
-        // leaves them as they were); partials[d]: the character left unfinished at d.
-        let mut levels: Vec<Stacks> = vec![Stacks::default(); self.depth + 1];
-        levels[0] = stacks.clone();
-        let mut holder = vec![0usize; self.depth + 1];
+        let mut states: Vec<Stacks> = vec![stacks.clone()];
+        let mut numbers: FxHashMap<Stacks, u32> = FxHashMap::default();
+        numbers.insert(stacks.clone(), 0);
+        let mut steps: FxHashMap<(u32, u32), u32> = FxHashMap::default();
+        // state[d]: the stacks in force after the node at depth d (a byte inside a character
+        // leaves them as they were); partials[d]: the character left unfinished there.
+        let mut state = vec![0u32; self.depth + 1];
         let mut partials = vec![Partial::default(); self.depth + 1];
         partials[0] = partial;
         let mut s = Scratch::default();
+        let mut next = Stacks::default();
         let mut i = 1;
         while i < self.nodes.len() {
             let node = self.nodes[i];
@@ -147,18 +156,34 @@ impl TokenIndex {
             let mut p = partials[d - 1];
             let alive = match p.push(node.byte) {
                 Some(c) => {
-                    let (before, after) = levels.split_at_mut(d);
-                    let out = &mut after[0];
-                    let ok = g.accept_char(&before[holder[d - 1]], c, out, &mut s);
-                    holder[d] = d;
+                    let from = state[d - 1];
+                    let to = match steps.get(&(from, c)) {
+                        Some(&to) => to,
+                        None => {
+                            let ok = g.accept_char(&states[from as usize], c, &mut next, &mut s);
+                            let to = if ok.is_err() || next.is_empty() {
+                                DEAD
+                            } else if let Some(&n) = numbers.get(&next) {
+                                n
+                            } else {
+                                let n = states.len() as u32;
+                                numbers.insert(next.clone(), n);
+                                states.push(next.clone());
+                                n
+                            };
+                            steps.insert((from, c), to);
+                            to
+                        }
+                    };
+                    state[d] = to;
                     partials[d] = Partial::default();
-                    ok.is_ok() && !out.is_empty()
+                    to != DEAD
                 }
                 None if p.n_remain < 0 => false,
                 None => {
-                    holder[d] = holder[d - 1];
+                    state[d] = state[d - 1];
                     partials[d] = p;
-                    g.partial_fits(&levels[holder[d]], p)
+                    g.partial_fits(&states[state[d] as usize], p)
                 }
             };
             if !alive {
@@ -348,21 +373,27 @@ impl TokenRule for GrammarRule {
         let allowed =
             self.cache
                 .get_or_compute(&self.index, &self.grammar, &self.stacks, self.partial);
+        // The end-of-generation tokens are not in the trie's bits: keep their logits aside.
+        let eog: Vec<(u32, f32)> = (self.index.eog.iter())
+            .filter_map(|&t| logits.get(t as usize).map(|&l| (t, l)))
+            .collect();
         let mut any = false;
-        for (t, l) in logits.iter_mut().enumerate() {
-            if allowed.get(t / 64).is_some_and(|w| w >> (t % 64) & 1 == 1) {
-                any = true;
-            } else if !self.index.is_eog(t as u32) {
-                *l = f32::NEG_INFINITY;
+        for (&word, chunk) in allowed.iter().zip(logits.chunks_mut(64)) {
+            any |= word != 0;
+            if word == u64::MAX {
+                continue;
+            }
+            for (i, l) in chunk.iter_mut().enumerate() {
+                if word >> i & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         // The end of generation comes when the text is a whole sentence — or when nothing else
         // can continue it (a dead end, which a grammar over a byte-level vocabulary rarely has).
-        if any && !self.is_complete() {
-            for &t in &self.index.eog {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
+        if self.is_complete() || !any {
+            for (t, l) in eog {
+                logits[t as usize] = l;
             }
         }
     }

@@ -16,6 +16,7 @@
 use crate::gbnf::{Elem, Grammar};
 use std::sync::Arc;
 
+// ANCHOR: limits
 /// The most stacks one state may hold. A grammar whose readings multiply (`x ::= "a"* "a"*`,
 /// nested) can double its stacks with every character; 4096 readings of one text is far more
 /// than any practical grammar has (JSON grammars keep a handful), and bounds each step's work.
@@ -24,6 +25,7 @@ pub const MAX_STACKS: usize = 4096;
 /// The deepest stack: nesting in the text (`[[[[…` under a JSON grammar) pushes one position
 /// per level. 4096 levels is far beyond any real document and keeps a stack small.
 pub const MAX_STACK_DEPTH: usize = 4096;
+// ANCHOR_END: limits
 
 /// Text the grammar refuses, or a state too large to follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -37,12 +39,14 @@ pub enum MatchError {
     TooManyStacks,
 }
 
+// ANCHOR: stacks
 /// A set of stacks, stored flat: stack `i` is `data[ends[i-1]..ends[i]]`, top last.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Stacks {
     data: Vec<u32>,
     ends: Vec<u32>,
 }
+// ANCHOR_END: stacks
 
 impl Stacks {
     pub fn len(&self) -> usize {
@@ -93,6 +97,7 @@ impl Stacks {
     }
 }
 
+// ANCHOR: partial
 /// The start of a UTF-8 character whose last bytes are still to come (llama.cpp's
 /// `llama_partial_utf8`): its bits so far and how many bytes remain; `n_remain < 0` marks
 /// bytes that are not UTF-8.
@@ -106,6 +111,7 @@ impl Partial {
     /// Take one byte: a finished code point, or none yet (then `self` holds the start).
     /// Invalid bytes set `n_remain` to -1.
     pub fn push(&mut self, b: u8) -> Option<u32> {
+        // ANCHOR: yours_partial_push
         if self.n_remain > 0 {
             if b & 0xC0 != 0x80 {
                 self.n_remain = -1;
@@ -131,8 +137,10 @@ impl Partial {
         self.value = bits as u32;
         self.n_remain = n;
         None
+        // ANCHOR_END: yours_partial_push
     }
 }
+// ANCHOR_END: partial
 
 /// Reusable buffers for advancing stacks, so that a step allocates nothing once warm.
 #[derive(Debug, Default)]
@@ -143,8 +151,10 @@ pub struct Scratch {
     next: Vec<u32>,
 }
 
+// ANCHOR: match_char
 /// Whether `c` matches the class at `pos`, and the position after the class.
 fn match_char(elems: &[Elem], pos: usize, c: u32) -> (bool, usize) {
+    // ANCHOR: yours_match_char
     let positive = !matches!(elems[pos], Elem::CharNot(_));
     let mut found = false;
     let mut i = pos;
@@ -169,8 +179,11 @@ fn match_char(elems: &[Elem], pos: usize, c: u32) -> (bool, usize) {
             return (found == positive, i);
         }
     }
+    // ANCHOR_END: yours_match_char
 }
+// ANCHOR_END: match_char
 
+// ANCHOR: match_partial
 /// Whether some character starting with the bytes of `partial` could match the class at
 /// `pos` (llama.cpp's `llama_grammar_match_partial_char`).
 fn match_partial(elems: &[Elem], pos: usize, partial: Partial) -> bool {
@@ -212,7 +225,9 @@ fn match_partial(elems: &[Elem], pos: usize, partial: Partial) -> bool {
         }
     }
 }
+// ANCHOR_END: match_partial
 
+// ANCHOR: advance
 impl Grammar {
     /// Add to `out` every stack `stack` becomes once its top is a character class (or it is
     /// empty), expanding rule references into their alternatives (llama.cpp's
@@ -242,6 +257,8 @@ impl Grammar {
                 }
                 continue;
             };
+            // ANCHOR_END: advance
+            // ANCHOR: advance_rule
             match elems[top as usize] {
                 Elem::RuleRef(r) => {
                     let base = s.cur.len() - 1;
@@ -279,6 +296,7 @@ impl Grammar {
         }
         Ok(())
     }
+    // ANCHOR_END: advance_rule
 
     /// The stacks at the start: rule `root`'s alternatives, advanced.
     pub fn initial_stacks(&self, s: &mut Scratch) -> Result<Stacks, MatchError> {
@@ -304,6 +322,7 @@ impl Grammar {
         }
     }
 
+    // ANCHOR: accept_char
     /// The stacks after code point `c`: those of `stacks` whose top class matches it, moved
     /// past the class and advanced (llama.cpp's `llama_grammar_accept`).
     pub fn accept_char(
@@ -331,6 +350,7 @@ impl Grammar {
         }
         Ok(())
     }
+    // ANCHOR_END: accept_char
 
     /// Whether some stack's class could match a character starting with `partial`.
     pub fn partial_fits(&self, stacks: &Stacks, partial: Partial) -> bool {
@@ -353,6 +373,7 @@ impl Grammar {
     }
 }
 
+// ANCHOR: feed
 /// The stacks and unfinished character after `bytes`, from `stacks` and `partial`; or why the
 /// bytes cannot come next.
 pub fn feed(
@@ -381,6 +402,7 @@ pub fn feed(
     }
     Ok((cur, partial))
 }
+// ANCHOR_END: feed
 
 /// A grammar's state over a growing text: the stacks and an unfinished character.
 #[derive(Debug)]

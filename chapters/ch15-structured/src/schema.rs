@@ -139,6 +139,7 @@ pub enum SchemaError {
     GrammarTooLarge { limit: usize },
 }
 
+// ANCHOR: strictness
 /// What the conversion does with a constraint it cannot put into the grammar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Strictness {
@@ -150,6 +151,7 @@ pub enum Strictness {
     /// [`Conversion::warnings`]. The grammars are llama.cpp's, byte for byte.
     LikeLlamaCpp,
 }
+// ANCHOR_END: strictness
 
 /// A converted schema.
 #[derive(Debug, Clone, PartialEq)]
@@ -729,6 +731,7 @@ impl Types {
     }
 }
 
+// ANCHOR: keyword_class
 /// What a keyword does, for deciding whether leaving it out loosens the grammar.
 enum KeywordClass {
     /// Says something about the schema, constrains nothing.
@@ -771,6 +774,7 @@ fn keyword_class(key: &str) -> KeywordClass {
         _ => Unknown,
     }
 }
+// ANCHOR_END: keyword_class
 
 const NOT_ENFORCED: &str = "the grammar would not enforce it";
 

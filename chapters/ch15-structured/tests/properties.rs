@@ -1,0 +1,157 @@
+//! What the constrained sampler produces is in the language, whatever the sampler draws: random
+//! seeds and temperatures, several requests with different grammars in one continuous batch
+//! (chapter 7's scheduler, each request its own rule state), on the default model. A finished
+//! text matches its grammar, parses as JSON where the grammar is a schema's, and is valid
+//! under the schema by an independent validator (the `jsonschema` crate); a text cut by the
+//! token limit is still a prefix the grammar can continue.
+
+use ch15::engine::{Engine, LoadMode, Scheduled};
+use ch15::mapped::MapOptions;
+use ch15::matcher::Matcher;
+use ch15::{
+    Constraint, FastLoader, GenParams, Grammar, MakeRule, Message, PoolKind, Request,
+    SamplerParams, StopReason, new_pool, schema,
+};
+use proptest::prelude::*;
+use std::sync::{Arc, OnceLock};
+
+/// Tokens per request: enough for the small documents asked for, few enough that a case of
+/// four requests runs in about a second.
+const MAX_TOKENS: usize = 96;
+
+/// Schemas and what to ask for, with grammars that are not JSON.
+const SCHEMAS: [(&str, &str); 3] = [
+    (
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3}},
+          "required": ["name", "age"], "additionalProperties": false}"#,
+        "Describe a person as JSON.",
+    ),
+    (
+        r#"{"type": "array", "items": {"type": "object", "properties": {
+            "fruit": {"type": "string", "maxLength": 12}, "ripe": {"type": "boolean"}},
+            "required": ["fruit", "ripe"], "additionalProperties": false},
+          "minItems": 1, "maxItems": 3}"#,
+        "List some fruits as JSON.",
+    ),
+    (
+        r#"{"type": "object", "properties": {"x": {"type": "number"},
+            "label": {"oneOf": [{"type": "string", "maxLength": 8}, {"type": "null"}]}},
+          "required": ["x", "label"], "additionalProperties": false}"#,
+        "Give a point as JSON.",
+    ),
+];
+
+const GRAMMARS: [(&str, &str); 2] = [
+    (
+        r#"root ::= [A-Z] [a-z]{1,8} (", " [A-Z] [a-z]{1,8}){0,3} ".""#,
+        "Name some cities.",
+    ),
+    (
+        r#"root ::= ("yes" | "no" | "maybe") (" — " [a-zé ]{1,30})?"#,
+        "Is the sea salty?",
+    ),
+];
+
+struct Fixture {
+    engine: Engine,
+    /// For each case: its grammar, its rule, its question, its schema if any.
+    cases: Vec<(
+        Arc<Grammar>,
+        Arc<dyn MakeRule>,
+        &'static str,
+        Option<serde_json::Value>,
+    )>,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+        let engine = Engine::load(
+            &path,
+            LoadMode::Map(MapOptions::default()),
+            FastLoader::new(new_pool(PoolKind::Spin, 2)),
+            &ch15::architectures(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut cases = Vec::new();
+        for (text, ask) in SCHEMAS {
+            let gbnf = schema::schema_text_to_grammar(text).unwrap_or_else(|e| panic!("{e}"));
+            let g = Grammar::parse(&gbnf, "root").unwrap_or_else(|e| panic!("{e}"));
+            let v: serde_json::Value = serde_json::from_str(text).expect("schema JSON");
+            cases.push((Arc::new(g.clone()), rule(g), ask, Some(v)));
+        }
+        for (text, ask) in GRAMMARS {
+            let g = Grammar::parse(text, "root").unwrap_or_else(|e| panic!("{e}"));
+            cases.push((Arc::new(g.clone()), rule(g), ask, None));
+        }
+        Fixture { engine, cases }
+    })
+}
+
+fn rule(g: Grammar) -> Arc<dyn MakeRule> {
+    Arc::new(Constraint::new(g))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_sampled_text_is_in_the_language(
+        picks in proptest::collection::vec((0usize..5, 0u64..1000, 0.0f32..1.5), 4)
+    ) {
+        let f = fixture();
+        let tok = &f.engine.tokenizer;
+        let template = f.engine.template.as_ref().expect("a chat template");
+        let mut runner = Scheduled::new(&f.engine, 2048, 4).unwrap_or_else(|e| panic!("{e}"));
+        let mut ids = Vec::new();
+        for &(case, seed, temp) in &picks {
+            let (_, rule, ask, _) = &f.cases[case];
+            let messages = [Message { role: "user".into(), content: ask.to_string() }];
+            let prompt = template.encode(tok, &messages, true).unwrap_or_else(|e| panic!("{e}"));
+            let params = GenParams {
+                max_tokens: MAX_TOKENS,
+                sampler: SamplerParams { temp, seed, ..SamplerParams::default() },
+                stop: vec![],
+                rule: Some(rule.clone()),
+            };
+            let id = runner.scheduler.submit(Request { prompt, params })
+                .unwrap_or_else(|e| panic!("{e}"));
+            ids.push((id, case));
+        }
+        let mut done = Vec::new();
+        while done.len() < ids.len() {
+            let report = runner.scheduler.step(&mut ()).unwrap_or_else(|e| panic!("{e}"));
+            done.extend(report.finished);
+        }
+        for fin in done {
+            let case = ids.iter().find(|(id, _)| *id == fin.id).expect("submitted").1;
+            let (grammar, _, _, schema) = &f.cases[case];
+            let text = &fin.text;
+            match fin.stop {
+                StopReason::EndOfGeneration => {
+                    prop_assert!(grammar.matches(text.as_bytes()),
+                        "case {case}: finished text {text:?} is not in the language");
+                    if let Some(schema) = schema {
+                        let v: serde_json::Value = serde_json::from_str(text)
+                            .map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+                        let validator = jsonschema::validator_for(schema)
+                            .unwrap_or_else(|e| panic!("{e}"));
+                        let errors: Vec<String> =
+                            validator.iter_errors(&v).map(|e| e.to_string()).collect();
+                        prop_assert!(errors.is_empty(),
+                            "case {case}: {text:?} breaks its schema: {errors:?}");
+                    }
+                }
+                StopReason::MaxTokens => {
+                    let mut m = Matcher::new(grammar.clone()).expect("start");
+                    prop_assert!(m.accept_bytes(text.as_bytes()).is_ok(),
+                        "case {case}: cut text {text:?} is not a prefix of the language");
+                }
+                other => prop_assert!(false, "case {case}: ended by {other:?}"),
+            }
+        }
+    }
+}
