@@ -71,11 +71,14 @@ impl Structured {
 /// [`scaling::main_with`] with the output held to the grammar the flags give; a grammar or
 /// schema that cannot be used is a usage error naming the flag and the problem.
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
+    let name = argv.first().map(|a| a.to_string_lossy().into_owned());
     let flags = Structured::parse_from(argv);
     let fail = |m: String| -> ! {
-        Structured::command()
-            .error(clap::error::ErrorKind::ValueValidation, m)
-            .exit()
+        let mut cmd = Structured::command();
+        if let Some(n) = &name {
+            cmd = cmd.bin_name(n);
+        }
+        cmd.error(clap::error::ErrorKind::ValueValidation, m).exit()
     };
     let rule = match flags.source() {
         Err(e) => fail(e),

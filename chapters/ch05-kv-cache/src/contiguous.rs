@@ -87,6 +87,7 @@ impl ContiguousCache {
             &[("layers", n_layer), ("positions", capacity)],
             kv_dim,
             types,
+            false,
         )?;
         Ok(ContiguousCache {
             n_layer,

@@ -140,6 +140,7 @@ impl PagedCache {
             ],
             kv_dim,
             types,
+            true,
         )?;
         Ok(PagedCache {
             n_layer,

@@ -154,21 +154,23 @@ pub(crate) enum RowBuf {
 }
 
 impl RowBuf {
-    /// `rows` rows of `width` values; the caller has checked the size (`kv_buffers`).
-    pub(crate) fn new(ty: RowType, rows: usize, width: usize) -> RowBuf {
+    /// `rows` rows of `width` values; the caller has checked the size (`kv_buffers`). With
+    /// `huge`, the buffer asks for huge pages (see [`kv_buffers`]).
+    pub(crate) fn new(ty: RowType, rows: usize, width: usize, huge: bool) -> RowBuf {
         match ty.ty {
-            // A fresh zeroed buffer is not touched yet: asked for huge pages now, it gets them
-            // as the cache fills. Attention reads every sequence's rows once per decode step,
-            // from all over the buffer; with 4 KiB pages it misses the TLB every few rows.
             GgmlType::F32 => {
                 let mut data = vec![0.0; rows * width];
-                shared::memory::advise_huge_pages(&mut data);
+                if huge {
+                    shared::memory::advise_huge_pages(&mut data);
+                }
                 RowBuf::F32(data)
             }
             _ => {
                 let row_bytes = ty.row_bytes(width).expect("checked by kv_buffers");
-                let mut data = vec![0; rows * row_bytes];
-                shared::memory::advise_huge_pages(&mut data);
+                let mut data = vec![0u8; rows * row_bytes];
+                if huge {
+                    shared::memory::advise_huge_pages(&mut data);
+                }
                 RowBuf::Encoded {
                     ty,
                     row_bytes,
@@ -230,11 +232,20 @@ impl RowBuf {
 /// A cache's K and V buffers of `dims` rows (their product) of `kv_dim` values in `types`,
 /// the size checked for overflow and against the machine's memory (a K row and a V row per
 /// row counted) before anything is allocated.
+///
+/// `fills_in_order`: the rows are used from the start of the buffer on (a paged pool's
+/// blocks), so the buffers ask for huge pages. A fresh zeroed buffer is not touched yet:
+/// asked now, it gets them as the cache fills, and attention, which reads every sequence's
+/// rows once per decode step from all over the buffer, stops missing the TLB every few rows.
+/// A buffer whose outer dimension is the layer (a contiguous cache) touches the start of
+/// every layer's region at once: there each huge page would hold a few rows, and a short
+/// conversation would take 2 MiB per layer for K and for V.
 pub(crate) fn kv_buffers(
     what: &str,
     dims: &[(&str, usize)],
     kv_dim: usize,
     types: CacheTypes,
+    fills_in_order: bool,
 ) -> Result<(RowBuf, RowBuf), KvError> {
     let per_row = types.position_bytes(kv_dim).ok_or_else(|| {
         KvError::Other(format!(
@@ -246,8 +257,8 @@ pub(crate) fn kv_buffers(
     shared::memory::checked_bytes(what, &factors).map_err(|e| KvError::Other(e.to_string()))?;
     let rows = dims.iter().map(|d| d.1).product(); // no overflow: checked above
     Ok((
-        RowBuf::new(types.k, rows, kv_dim),
-        RowBuf::new(types.v, rows, kv_dim),
+        RowBuf::new(types.k, rows, kv_dim, fills_in_order),
+        RowBuf::new(types.v, rows, kv_dim, fills_in_order),
     ))
 }
 
@@ -258,7 +269,7 @@ mod tests {
     #[test]
     fn an_f16_row_reads_back_within_half_precision() {
         let x: Vec<f32> = (0..96).map(|i| (i as f32 - 40.0) * 0.173).collect();
-        let mut buf = RowBuf::new(RowType::F16, 2, 96);
+        let mut buf = RowBuf::new(RowType::F16, 2, 96, false);
         buf.write(1, &x);
         let rows = buf.run(1, 1, 96);
         let mut back = vec![0.0; 96];

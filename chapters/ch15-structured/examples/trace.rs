@@ -1,14 +1,16 @@
-//! A grammar's matcher at work: the rules a GBNF grammar parses into, then the set of stacks
+//! A grammar's matcher at work: the rules a GBNF grammar parses into, or the set of stacks
 //! after each character of a text.
 //!
 //! ```text
 //! cargo run -q -p ch15 --example trace                     # the book's grammar and text
 //! cargo run -q -p ch15 --example trace -- GRAMMAR TEXT
+//! cargo run -q -p ch15 --example trace -- --rules [GRAMMAR] # the rules it parses into
 //! cargo run -q -p ch15 --example trace -- --schema SCHEMA  # the grammar of a JSON Schema
 //! ```
 //!
-//! Each rule is shown as llama.cpp's element array and as the GBNF it now stands for (groups
-//! and repetitions have become rules of their own). Each stack is shown top first: the
+//! With `--rules`, each rule is shown as llama.cpp's element array and as the GBNF it now
+//! stands for (groups and repetitions have become rules of their own). Otherwise the text is
+//! fed a byte at a time, and the stacks are shown after each character, top first: the
 //! position whose character class is matched next, then, below it, where to go on when that
 //! rule finishes. A position is written as its rule's name and what is left of its
 //! alternative.
@@ -164,8 +166,10 @@ fn show_stacks(g: &Grammar, label: &str, stacks: &Stacks) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (grammar, text) = match args.as_slice() {
-        [] => (GRAMMAR, TEXT),
+    let (grammar, text, rules) = match args.as_slice() {
+        [] => (GRAMMAR, TEXT, false),
+        [flag] if flag == "--rules" => (GRAMMAR, "", true),
+        [flag, g] if flag == "--rules" => (g.as_str(), "", true),
         [flag, schema] if flag == "--schema" => {
             match ch15::schema::schema_text_to_grammar(schema) {
                 Ok(g) => print!("{g}"),
@@ -176,9 +180,11 @@ fn main() {
             }
             return;
         }
-        [g, t] => (g.as_str(), t.as_str()),
+        [g, t] => (g.as_str(), t.as_str(), false),
         _ => {
-            eprintln!("usage: trace [GRAMMAR TEXT] | trace --schema SCHEMA");
+            eprintln!(
+                "usage: trace [GRAMMAR TEXT] | trace --rules [GRAMMAR] | trace --schema SCHEMA"
+            );
             std::process::exit(2);
         }
     };
@@ -189,12 +195,13 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let n = g.names.len();
-    println!(
-        "{grammar}\n\nparsed into {n} rule{}:",
-        if n == 1 { "" } else { "s" }
-    );
-    show_rules(&g);
+    println!("{grammar}\n");
+    if rules {
+        let n = g.names.len();
+        println!("parsed into {n} rule{}:", if n == 1 { "" } else { "s" });
+        show_rules(&g);
+        return;
+    }
     let mut s = Scratch::default();
     let mut stacks = match g.initial_stacks(&mut s) {
         Ok(st) => st,
@@ -203,7 +210,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("\nstacks, top first (`a  ←  b`: match a; when its rule ends, go on with b):");
+    println!("stacks, top first (`a  ←  b`: match a; when its rule ends, go on with b):");
     show_stacks(&g, "start", &stacks);
     let mut partial = Partial::default();
     let mut next = Stacks::default();

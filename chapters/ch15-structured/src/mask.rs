@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 /// fields visits a few hundred states; when the cache is full it starts again.
 pub const MASK_CACHE_BYTES: usize = 12 << 20;
 
+// ANCHOR: trie
 /// One node of the trie: the byte that leads to it, its depth, where its subtree ends, and
 /// the tokens whose piece ends here.
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +51,9 @@ pub struct TokenIndex {
     eog: Vec<u32>,
     depth: usize,
 }
+// ANCHOR_END: trie
 
+// ANCHOR: trie_new
 impl TokenIndex {
     /// The trie of `tokenizer`'s pieces (special tokens rendered as their text, as llama.cpp's
     /// grammar sees them). End-of-generation tokens and empty pieces are not in the trie: the
@@ -77,6 +80,8 @@ impl TokenIndex {
         let mut path: Vec<usize> = vec![0]; // path[d]: the node at depth d of the last piece
         let mut prev: &[u8] = &[];
         let mut depth = 0;
+        // ANCHOR_END: trie_new
+        // ANCHOR: trie_build
         for &t in &order {
             let piece = &pieces[t as usize][..];
             let common = piece.iter().zip(prev).take_while(|(a, b)| a == b).count();
@@ -113,6 +118,7 @@ impl TokenIndex {
             depth,
         }
     }
+    // ANCHOR_END: trie_build
 
     pub fn n_vocab(&self) -> usize {
         self.pieces.len()
@@ -199,6 +205,7 @@ impl TokenIndex {
     }
 }
 
+// ANCHOR: mask_cache
 /// Allowed-token bit sets by grammar state.
 type Masks = HashMap<(Stacks, Partial), Arc<Vec<u64>>>;
 
@@ -229,6 +236,7 @@ impl MaskCache {
         masks.insert(key, mask.clone());
         mask
     }
+    // ANCHOR_END: mask_cache
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Masks> {
         // A panic elsewhere while holding the lock leaves a valid map (inserts are whole).
@@ -275,7 +283,9 @@ impl IndexCell {
         }
     }
 }
+// ANCHOR_END: constraint
 
+// ANCHOR: constraint_state
 impl Constraint {
     /// A rule for `grammar`; the trie of the vocabulary is built when a generation starts.
     pub fn new(grammar: Grammar) -> Constraint {
@@ -322,6 +332,7 @@ impl MakeRule for Constraint {
         }
     }
 }
+// ANCHOR_END: constraint_state
 
 /// Allows only the end of generation.
 struct EndNow;
@@ -334,6 +345,7 @@ impl TokenRule for EndNow {
     fn accept(&mut self, _token: u32) {}
 }
 
+// ANCHOR: grammar_rule
 /// One generation's place in a grammar.
 pub struct GrammarRule {
     grammar: Arc<Grammar>,
@@ -369,6 +381,8 @@ impl TokenRule for GrammarRule {
         }
     }
 
+    // ANCHOR_END: grammar_rule
+    // ANCHOR: rule_mask
     fn mask(&mut self, logits: &mut [f32]) {
         let allowed =
             self.cache
@@ -415,4 +429,4 @@ impl TokenRule for GrammarRule {
         }
     }
 }
-// ANCHOR_END: constraint
+// ANCHOR_END: rule_mask

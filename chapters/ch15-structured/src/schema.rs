@@ -1453,6 +1453,16 @@ impl<'j, 'w> Builder<'j, 'w> {
             None => String::new(),
         };
         let format = get_format(obj, path)?;
+        if format == Format::None
+            && let Some(Json::Str(f)) = get(obj, "format")
+        {
+            // A format the grammar cannot spell out would let any string through.
+            self.warnings.report(unsupported(
+                path,
+                "format",
+                format!("format `{f}` (the grammar knows date, time, date-time and uuid)"),
+            ))?;
+        }
         let min_length = get_count(obj, "minLength", path)?;
         let max_length = get_count(obj, "maxLength", path)?;
         // The pattern wins over a format, which wins over the lengths.

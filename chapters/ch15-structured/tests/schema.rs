@@ -356,10 +356,18 @@ fn annotations_and_keywords_that_cannot_apply_are_fine() {
     let schema = json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "x", "title": "t",
         "description": "d", "$comment": "c", "examples": ["a"], "default": "a",
-        "type": "string", "format": "email", "minimum": 3, "items": {"type": "null"},
+        "type": "string", "minimum": 3, "items": {"type": "null"},
     });
     let g = schema::schema_to_grammar(&schema).expect("converts");
     assert!(g.contains("root ::= \"\\\"\" char* \"\\\"\""), "{g}");
+    // A format is an annotation to a validator, but a constraint to whoever asks for output:
+    // one the grammar cannot spell out is named, not dropped.
+    let e = strict_error(&json!({"type": "string", "format": "email"}));
+    assert!(
+        matches!(&e, SchemaError::Unsupported { keyword, .. } if keyword == "format"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("email"), "{e}");
 }
 
 #[test]
