@@ -54,15 +54,17 @@ const GRAMMARS: [(&str, &str); 2] = [
     ),
 ];
 
+/// A case: its grammar, its rule, its question, its schema if any.
+struct Case {
+    grammar: Arc<Grammar>,
+    rule: Arc<dyn MakeRule>,
+    ask: &'static str,
+    schema: Option<serde_json::Value>,
+}
+
 struct Fixture {
     engine: Engine,
-    /// For each case: its grammar, its rule, its question, its schema if any.
-    cases: Vec<(
-        Arc<Grammar>,
-        Arc<dyn MakeRule>,
-        &'static str,
-        Option<serde_json::Value>,
-    )>,
+    cases: Vec<Case>,
 }
 
 fn fixture() -> &'static Fixture {
@@ -81,11 +83,21 @@ fn fixture() -> &'static Fixture {
             let gbnf = schema::schema_text_to_grammar(text).unwrap_or_else(|e| panic!("{e}"));
             let g = Grammar::parse(&gbnf, "root").unwrap_or_else(|e| panic!("{e}"));
             let v: serde_json::Value = serde_json::from_str(text).expect("schema JSON");
-            cases.push((Arc::new(g.clone()), rule(g), ask, Some(v)));
+            cases.push(Case {
+                grammar: Arc::new(g.clone()),
+                rule: rule(g),
+                ask,
+                schema: Some(v),
+            });
         }
         for (text, ask) in GRAMMARS {
             let g = Grammar::parse(text, "root").unwrap_or_else(|e| panic!("{e}"));
-            cases.push((Arc::new(g.clone()), rule(g), ask, None));
+            cases.push(Case {
+                grammar: Arc::new(g.clone()),
+                rule: rule(g),
+                ask,
+                schema: None,
+            });
         }
         Fixture { engine, cases }
     })
@@ -108,7 +120,7 @@ proptest! {
         let mut runner = Scheduled::new(&f.engine, 2048, 4).unwrap_or_else(|e| panic!("{e}"));
         let mut ids = Vec::new();
         for &(case, seed, temp) in &picks {
-            let (_, rule, ask, _) = &f.cases[case];
+            let Case { rule, ask, .. } = &f.cases[case];
             let messages = [Message { role: "user".into(), content: ask.to_string() }];
             let prompt = template.encode(tok, &messages, true).unwrap_or_else(|e| panic!("{e}"));
             let params = GenParams {
@@ -128,7 +140,7 @@ proptest! {
         }
         for fin in done {
             let case = ids.iter().find(|(id, _)| *id == fin.id).expect("submitted").1;
-            let (grammar, _, _, schema) = &f.cases[case];
+            let Case { grammar, schema, .. } = &f.cases[case];
             let text = &fin.text;
             match fin.stop {
                 StopReason::EndOfGeneration => {
