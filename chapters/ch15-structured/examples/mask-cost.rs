@@ -81,13 +81,15 @@ fn mask_costs(grammar: &Grammar) {
         ),
     ];
     println!(
-        "| vocabulary | tokens | trie nodes | steps | check one token (µs) | mask from the trie, \
-         median / max (µs) | mask from the cache (µs) |"
+        "| vocabulary | tokens | trie nodes | trie built (ms) | steps | check one token (µs) | \
+         mask from the trie, median / max (µs) | mask from the cache (µs) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, path) in vocabularies {
         let tok = tokenizer(&path);
+        let t0 = Instant::now();
         let index = TokenIndex::new(&tok);
+        let build = t0.elapsed();
         let ids = tok.encode(DOC, false, false);
         let constraint = Constraint::new(grammar.clone());
         let mut rule = constraint.state(&tok).unwrap_or_else(|e| panic!("{e}"));
@@ -115,9 +117,10 @@ fn mask_costs(grammar: &Grammar) {
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         println!(
-            "| {name} | {} | {} | {} | {} | {} / {} | {} |",
+            "| {name} | {} | {} | {:.1} | {} | {} | {} / {} | {} |",
             tok.vocab_size(),
             index.n_nodes(),
+            build.as_secs_f64() * 1e3,
             ids.len(),
             us(median(check)),
             us(median(trie.clone())),
