@@ -18,8 +18,9 @@ pub const JSON_OBJECT_SCHEMA: &str = r#"{"type": "object"}"#;
 
 /// Grammars a server keeps compiled, by their text, so that requests with the same schema
 /// share the masks computed so far. Few applications use more than a handful of schemas; past
-/// this many the server starts again.
-pub const MAX_COMPILED: usize = 64;
+/// this many the server starts again. With [`MASK_CACHE_BYTES`](crate::mask::MASK_CACHE_BYTES)
+/// each, the masks a server keeps stay under 64 MiB whatever its clients send.
+pub const MAX_COMPILED: usize = 16;
 
 // ANCHOR: compile
 /// What to constrain output to.

@@ -24,10 +24,11 @@ use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// The memory one grammar's mask cache may hold, in bytes: 2,048 masks of the default
-/// model's 49,152 tokens (6 KB each), 384 of a 262k vocabulary. A JSON schema of a dozen
-/// fields visits a few hundred states; when the cache is full it starts again.
-pub const MASK_CACHE_BYTES: usize = 12 << 20;
+/// The memory one grammar's mask cache may hold, in bytes: 680 masks of the default model's
+/// 49,152 tokens (6 KB each), 128 of a 262k vocabulary. A JSON schema of a dozen fields needs
+/// a few dozen (the mask-cost example: 8 in a 160-token answer); when the cache is full it
+/// starts again. A server keeps at most `formats::MAX_COMPILED` grammars: 64 MiB of masks.
+pub const MASK_CACHE_BYTES: usize = 4 << 20;
 
 // ANCHOR: trie
 /// One node of the trie: the byte that leads to it, its depth, where its subtree ends, and
