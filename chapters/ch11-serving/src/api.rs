@@ -115,7 +115,8 @@ impl Formats for TextOnly {
         if format.is_some_and(|v| !v.is_null() && v != json!({"type": "text"})) {
             return Err(ApiError::invalid(
                 "response_format",
-                "`response_format` is not supported (this server accepts only {\"type\": \"text\"})",
+                "`response_format` is not supported \
+                 (this server accepts only {\"type\": \"text\"})",
             ));
         }
         if grammar.is_some_and(|v| !v.is_null()) {
