@@ -149,6 +149,8 @@ pub struct Scratch {
     seen: Stacks,
     cur: Vec<u32>,
     next: Vec<u32>,
+    /// Stacks advanced so far, weighted by their depth: the work a caller may bound.
+    pub work: u64,
 }
 
 // ANCHOR: match_char
@@ -250,6 +252,8 @@ impl Grammar {
             if s.seen.len() >= MAX_STACKS || s.cur.len() > MAX_STACK_DEPTH {
                 return Err(MatchError::TooManyStacks);
             }
+            // Each stack is compared with those seen: the work grows with both.
+            s.work += (s.cur.len() + 1) as u64 * (s.seen.len() + 1) as u64;
             s.seen.push(&s.cur);
             let Some(&top) = s.cur.last() else {
                 if !out.contains(&[]) {

@@ -80,3 +80,29 @@ fn an_ambiguous_grammar_is_bounded_not_exponential() {
     let (at, e) = refused.expect("the readings outgrow the limit within 200 characters");
     assert_eq!(e, MatchError::TooManyStacks, "after {at} characters");
 }
+
+#[test]
+fn a_mask_over_thousands_of_readings_is_bounded() {
+    // Like the grammar above, but any letter opens a reading: after ten letters, thousands of
+    // readings, and most of the vocabulary's letter tokens fit each of them. The walk goes
+    // through all of them at every node until the mask's work limit (or, a letter later, the
+    // readings' limit) stops it; then no token is allowed, and generation ends there. (Work is
+    // counted, not timed: the same every run.)
+    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+    let file = ch15::GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let tok = ch15::Tokenizer::from_gguf(&file.gguf).unwrap_or_else(|e| panic!("{e}"));
+    let index = ch15::TokenIndex::new(&tok);
+    let g = compile(&Source::Grammar(
+        "root ::= s\ns ::= [a-z] s \"x\" | [a-z] s \"y\" | \"b\"".to_string(),
+    ))
+    .expect("a valid grammar");
+    let mut m = Matcher::new(Arc::new(g.clone())).expect("start");
+    m.accept_bytes(b"aaaaaaaaaa").expect("ten letters");
+    assert!(m.stacks.len() > 1000, "{} readings", m.stacks.len());
+    let bits = index.allowed(&g, &m.stacks, m.partial);
+    let allowed: u32 = bits.iter().map(|w| w.count_ones()).sum();
+    assert_eq!(
+        allowed, 0,
+        "the walk should have run into MAX_MASK_WORK or MAX_STACKS"
+    );
+}
