@@ -97,6 +97,10 @@ pub trait Formats: Send + Sync + std::fmt::Debug {
         response_format: Option<&RawValue>,
         grammar: Option<&Value>,
     ) -> Result<Option<Arc<dyn MakeRule>>, ApiError>;
+
+    /// Get ready for the model's vocabulary, once, when the server loads it (before any request
+    /// waits for it). Plain text needs nothing.
+    fn prepare(&self, _tokenizer: &ch10::Tokenizer) {}
 }
 
 /// Plain text only: `response_format` `{"type": "text"}` (what clients send by default), no

@@ -177,6 +177,7 @@ pub fn load_observed(
         )
         .into());
     }
+    args.formats.prepare(&engine.tokenizer);
     let description = engine.describe(&path);
     let max_text_bytes = server::max_text_bytes(&engine.tokenizer, n_ctx);
     let body_limit = max_text_bytes.map_or(args.body_limit, |b| {

@@ -171,5 +171,11 @@ impl Formats for Structured {
             .map_err(|e| ApiError::invalid(field, e.to_string()))?;
         Ok(Some(Arc::new(c)))
     }
+
+    /// Build the vocabulary's trie now, not in the first constrained request's time to first
+    /// token (15 ms on the default model, 134 ms on Gemma 3's 262k tokens).
+    fn prepare(&self, tokenizer: &crate::Tokenizer) {
+        self.index.get(tokenizer);
+    }
 }
 // ANCHOR_END: formats_choice

@@ -275,25 +275,46 @@ pub struct Constraint {
     cache: Arc<MaskCache>,
 }
 
-/// The trie of the vocabulary a generation first starts with, kept for the next ones: built
-/// once per process (a server shares one cell among all its grammars).
+/// The tries of the vocabularies generations started with, kept for the next ones: each built
+/// once per process (a server shares one cell among all its grammars, and its models).
 #[derive(Debug, Default)]
-pub struct IndexCell(Mutex<Option<Arc<TokenIndex>>>);
+pub struct IndexCell(Mutex<Vec<(u64, Arc<TokenIndex>)>>);
+
+/// Vocabularies an [`IndexCell`] keeps tries of: a server with a second model (A/B) needs two.
+pub const MAX_VOCABULARIES: usize = 4;
 
 impl IndexCell {
-    /// The trie of `tokenizer`'s vocabulary: the kept one if it is of this vocabulary's size,
-    /// else a new one (kept in its place).
+    /// The trie of `tokenizer`'s vocabulary, built the first time it is asked for.
     pub fn get(&self, tokenizer: &Tokenizer) -> Arc<TokenIndex> {
+        let key = fingerprint(tokenizer);
         let mut cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match &*cell {
-            Some(i) if i.n_vocab() == tokenizer.vocab_size() => i.clone(),
-            _ => {
-                let i = Arc::new(TokenIndex::new(tokenizer));
-                *cell = Some(i.clone());
-                i
-            }
+        if let Some((_, i)) = cell.iter().find(|(k, _)| *k == key) {
+            return i.clone();
         }
+        let i = Arc::new(TokenIndex::new(tokenizer));
+        if cell.len() >= MAX_VOCABULARIES {
+            cell.remove(0);
+        }
+        cell.push((key, i.clone()));
+        i
     }
+}
+
+/// Tells vocabularies apart without reading all of them: the size, the end-of-generation
+/// tokens, and 256 pieces spread over the ids. Two different vocabularies of one size differ
+/// almost everywhere; hashing every piece would cost milliseconds per request.
+fn fingerprint(tokenizer: &Tokenizer) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    let n = tokenizer.vocab_size();
+    n.hash(&mut h);
+    for k in 0..256 {
+        let id = (k * n / 256) as u32;
+        tokenizer.token_to_piece(id).hash(&mut h);
+        tokenizer.is_eog(id).hash(&mut h);
+    }
+    tokenizer.eos().hash(&mut h);
+    h.finish()
 }
 // ANCHOR_END: constraint
 

@@ -62,3 +62,26 @@ fn the_trie_mask_is_every_token_the_matcher_accepts() {
         );
     }
 }
+
+#[test]
+fn each_vocabulary_gets_its_own_trie_built_once() {
+    let smol = tokenizer();
+    let gemma_path = shared::ensure_cached(&shared::GEMMA3_MODEL).unwrap_or_else(|e| panic!("{e}"));
+    let file = GgufFile::open(&gemma_path).unwrap_or_else(|e| panic!("{e}"));
+    let gemma = Tokenizer::from_gguf(&file.gguf).unwrap_or_else(|e| panic!("{e}"));
+    let cell = ch15::mask::IndexCell::default();
+    let a = cell.get(&smol);
+    let b = cell.get(&gemma);
+    assert_eq!(
+        (a.n_vocab(), b.n_vocab()),
+        (smol.vocab_size(), gemma.vocab_size())
+    );
+    assert!(
+        Arc::ptr_eq(&a, &cell.get(&smol)),
+        "built again for the same vocabulary"
+    );
+    assert!(
+        Arc::ptr_eq(&b, &cell.get(&gemma)),
+        "built again for the same vocabulary"
+    );
+}
