@@ -36,35 +36,31 @@ pub struct Structured {
 }
 
 impl Structured {
-    /// What the flags ask to constrain the output to, reading a file if one is named.
-    pub fn source(&self) -> Result<Option<Source>, String> {
+    /// What the flags ask to constrain the output to, reading a file if one is named, with
+    /// the flag that asked (for messages).
+    pub fn source(&self) -> Result<Option<(&'static str, Source)>, String> {
         let read = |flag: &str, p: &PathBuf| {
             std::fs::read_to_string(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
         };
-        Ok(
-            match (
-                &self.grammar,
-                &self.grammar_file,
-                &self.json_schema,
-                &self.json_schema_file,
-            ) {
-                (Some(g), ..) => Some(Source::Grammar(g.clone())),
-                (_, Some(p), ..) => Some(Source::Grammar(read("--grammar-file", p)?)),
-                (_, _, Some(s), _) => Some(Source::JsonSchema(s.clone())),
-                (.., Some(p)) => Some(Source::JsonSchema(read("--json-schema-file", p)?)),
-                _ => None,
-            },
-        )
-    }
-
-    /// The flag that gave the form, for messages.
-    fn flag(&self) -> &'static str {
-        match (&self.grammar, &self.grammar_file, &self.json_schema) {
-            (Some(_), ..) => "--grammar",
-            (_, Some(_), _) => "--grammar-file",
-            (_, _, Some(_)) => "--json-schema",
-            _ => "--json-schema-file",
-        }
+        let (g, gf, j, jf) = (
+            &self.grammar,
+            &self.grammar_file,
+            &self.json_schema,
+            &self.json_schema_file,
+        );
+        Ok(match (g, gf, j, jf) {
+            (Some(g), ..) => Some(("--grammar", Source::Grammar(g.clone()))),
+            (_, Some(p), ..) => Some((
+                "--grammar-file",
+                Source::Grammar(read("--grammar-file", p)?),
+            )),
+            (_, _, Some(j), _) => Some(("--json-schema", Source::JsonSchema(j.clone()))),
+            (.., Some(p)) => Some((
+                "--json-schema-file",
+                Source::JsonSchema(read("--json-schema-file", p)?),
+            )),
+            _ => None,
+        })
     }
 }
 
@@ -83,9 +79,9 @@ pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
     let rule = match flags.source() {
         Err(e) => fail(e),
         Ok(None) => None,
-        Ok(Some(source)) => match compile(&source) {
+        Ok(Some((flag, source))) => match compile(&source) {
             Ok(g) => Some(Arc::new(Constraint::new(g)) as Arc<dyn MakeRule>),
-            Err(e) => fail(format!("{}: {e}", flags.flag())),
+            Err(e) => fail(format!("{flag}: {e}")),
         },
     };
     scaling::main_with(flags.scaling, archs, rule);

@@ -9,12 +9,14 @@
 //! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
 //! - [`program`]: a chapter's example or the `llm-rs` binary, built for a test that runs it.
 //! - [`python`]: `python3` with OpenAI's client (`openai`, pinned), installed on first use.
+//! - [`serve`]: a server program started on a free port for a test, killed when it ends.
 
 pub mod alloc;
 pub mod compare;
 pub mod program;
 pub mod python;
 pub mod refdata;
+pub mod serve;
 
 pub use compare::{Tolerance, assert_close, assert_same_sequence, compare, sequence_mismatch};
 pub use program::{Target, program};

@@ -253,9 +253,7 @@ struct NoEog {
 
 impl MakeRule for IgnoreEos {
     fn start(&self, tokenizer: &Tokenizer) -> Box<dyn TokenRule> {
-        let eog = (0..tokenizer.vocab_size() as u32)
-            .filter(|&t| tokenizer.is_eog(t))
-            .collect();
+        let eog = tokenizer.vocab().eog.iter().copied().collect();
         Box::new(NoEog { eog })
     }
 }

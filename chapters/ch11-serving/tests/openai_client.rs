@@ -3,62 +3,37 @@
 //! `tests/openai_client.py` against it. The package is installed on first use with pip into a
 //! directory of the cache directory.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Loading the model and listening takes about a second; far more on a loaded machine.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The server process, killed when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Start the server binary on a free port; its base URL once `/health` answers 200.
-fn start() -> (Server, String) {
+fn start() -> (testkit::serve::Served, String) {
     let model = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let mut child = Command::new(testkit::program(
-        "ch11",
-        testkit::Target::Example,
-        "server",
-        &[],
-    ))
-    .arg("--model")
-    .arg(&model)
-    .args([
-        "--port",
-        "0",
-        "--ctx",
-        "1024",
-        "--threads",
-        "2",
-        "--parallel",
-        "2",
-    ])
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("the server binary starts");
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("server: {line}");
-            if let Some(url) = line.strip_prefix("listening on ") {
-                let _ = tx.send(url.to_string());
-            }
-        }
-    });
-    let base = rx
-        .recv_timeout(START_TIMEOUT)
-        .expect("the server says where it listens");
+    let (server, base) = testkit::serve::serve(
+        Command::new(testkit::program(
+            "ch11",
+            testkit::Target::Example,
+            "server",
+            &[],
+        ))
+        .arg("--model")
+        .arg(&model)
+        .args([
+            "--port",
+            "0",
+            "--ctx",
+            "1024",
+            "--threads",
+            "2",
+            "--parallel",
+            "2",
+        ]),
+        START_TIMEOUT,
+    );
     let t0 = Instant::now();
     let client = reqwest::blocking::Client::new();
     while !client

@@ -6,6 +6,7 @@
 use crate::api::ApiError;
 use crate::gbnf::{Grammar, GrammarError};
 use crate::mask::{Constraint, IndexCell};
+use crate::matcher::{MatchError, Scratch};
 use crate::schema::{SchemaError, schema_text_to_grammar};
 use crate::{Formats, MakeRule};
 use serde_json::Value;
@@ -41,18 +42,24 @@ pub enum CompileError {
     Schema(#[from] SchemaError),
     #[error("JSON schema: the grammar made of it: {0}")]
     SchemaGrammar(GrammarError),
+    #[error("grammar: {0}")]
+    Start(#[from] MatchError),
 }
 
 /// The grammar `source` asks for, checked: parsed from rule `root`, or converted from the
-/// schema and parsed.
+/// schema and parsed, and its start computed.
 pub fn compile(source: &Source) -> Result<Grammar, CompileError> {
-    match source {
-        Source::Grammar(text) => Ok(Grammar::parse(text, "root")?),
+    let grammar = match source {
+        Source::Grammar(text) => Grammar::parse(text, "root")?,
         Source::JsonSchema(text) => {
             let gbnf = schema_text_to_grammar(text)?;
-            Grammar::parse(&gbnf, "root").map_err(CompileError::SchemaGrammar)
+            Grammar::parse(&gbnf, "root").map_err(CompileError::SchemaGrammar)?
         }
-    }
+    };
+    // A grammar whose readings explode before the first character is refused here, not at
+    // the first generation.
+    grammar.initial_stacks(&mut Scratch::default())?;
+    Ok(grammar)
 }
 // ANCHOR_END: compile
 

@@ -69,7 +69,7 @@ impl TokenIndex {
     pub fn new(tokenizer: &Tokenizer) -> TokenIndex {
         let n = tokenizer.vocab_size();
         let pieces: Vec<Vec<u8>> = (0..n as u32).map(|t| tokenizer.token_to_piece(t)).collect();
-        let eog: Vec<u32> = (0..n as u32).filter(|&t| tokenizer.is_eog(t)).collect();
+        let eog: Vec<u32> = tokenizer.vocab().eog.iter().copied().collect();
         let mut order: Vec<u32> = (0..n as u32)
             .filter(|&t| {
                 let p = &pieces[t as usize];
@@ -351,6 +351,7 @@ impl Constraint {
             stacks,
             partial: Partial::default(),
             scratch,
+            eog_logits: Vec::new(),
         })
     }
 }
@@ -387,6 +388,7 @@ pub struct GrammarRule {
     pub stacks: Stacks,
     pub partial: Partial,
     scratch: Scratch,
+    eog_logits: Vec<(u32, f32)>, // the end tokens' logits, kept aside while masking
 }
 
 impl GrammarRule {
@@ -421,9 +423,11 @@ impl TokenRule for GrammarRule {
             self.cache
                 .get_or_compute(&self.index, &self.grammar, &self.stacks, self.partial);
         // The end-of-generation tokens are not in the trie's bits: keep their logits aside.
-        let eog: Vec<(u32, f32)> = (self.index.eog.iter())
-            .filter_map(|&t| logits.get(t as usize).map(|&l| (t, l)))
-            .collect();
+        let eog = &mut self.eog_logits;
+        eog.clear();
+        eog.extend(
+            (self.index.eog.iter()).filter_map(|&t| logits.get(t as usize).map(|&l| (t, l))),
+        );
         let mut any = false;
         for (&word, chunk) in allowed.iter().zip(logits.chunks_mut(64)) {
             any |= word != 0;
@@ -439,7 +443,7 @@ impl TokenRule for GrammarRule {
         // The end of generation comes when the text is a whole sentence — or when nothing else
         // can continue it (a dead end, which a grammar over a byte-level vocabulary rarely has).
         if self.is_complete() || !any {
-            for (t, l) in eog {
+            for &(t, l) in &self.eog_logits {
                 logits[t as usize] = l;
             }
         }

@@ -10,10 +10,10 @@
 //!   quantized model's logits differ from llama.cpp's by a little).
 
 use ch15::agreement::{TIE_MARGIN, check_tie_fraction};
-use ch15::engine::{Engine, LoadMode};
-use ch15::mapped::MapOptions;
-use ch15::{Constraint, FastLoader, Grammar, PoolKind, TokenRule, new_pool};
+use ch15::{Constraint, Grammar, TokenRule};
 use testkit::refdata;
+
+mod common;
 
 fn u32s(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
@@ -28,15 +28,7 @@ fn constrained_greedy_decoding_follows_llama_cpp() {
     let json = refdata::json("grammar/constrained.json").unwrap_or_else(|e| panic!("{e}"));
     let cases = json["cases"].as_array().expect("cases");
     assert!(cases.len() >= 6, "too few constrained cases");
-    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let fast = FastLoader::new(new_pool(PoolKind::Spin, 2));
-    let engine = Engine::load(
-        &path,
-        LoadMode::Map(MapOptions::default()),
-        fast,
-        &ch15::architectures(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let engine = common::engine();
     let (model, tok) = (&engine.model, &engine.tokenizer);
     let vocab = model.config.vocab_size;
     let (mut steps, mut near_ties) = (0, 0);

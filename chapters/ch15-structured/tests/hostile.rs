@@ -7,6 +7,8 @@ use ch15::matcher::{MAX_STACKS, MatchError, Matcher};
 use ch15::{Source, compile};
 use std::sync::Arc;
 
+mod common;
+
 fn grammar_error(text: &str) -> String {
     match compile(&Source::Grammar(text.to_string())) {
         Ok(_) => panic!("{:.80}: compiled", text),
@@ -88,9 +90,7 @@ fn a_mask_over_thousands_of_readings_is_bounded() {
     // through all of them at every node until the mask's work limit (or, a letter later, the
     // readings' limit) stops it; then no token is allowed, and generation ends there. (Work is
     // counted, not timed: the same every run.)
-    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let file = ch15::GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
-    let tok = ch15::Tokenizer::from_gguf(&file.gguf).unwrap_or_else(|e| panic!("{e}"));
+    let tok = common::tokenizer();
     let index = ch15::TokenIndex::new(&tok);
     let g = compile(&Source::Grammar(
         "root ::= s\ns ::= [a-z] s \"x\" | [a-z] s \"y\" | \"b\"".to_string(),

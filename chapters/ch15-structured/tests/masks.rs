@@ -8,11 +8,7 @@ use ch15::{GgufFile, Grammar, TokenIndex, Tokenizer};
 use std::sync::Arc;
 use testkit::refdata;
 
-fn tokenizer() -> Tokenizer {
-    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    Tokenizer::from_gguf(&file.gguf).unwrap_or_else(|e| panic!("{e}"))
-}
+mod common;
 
 fn json_grammar() -> Grammar {
     let text = refdata::read("grammar/gbnf/json.gbnf").unwrap_or_else(|e| panic!("{e}"));
@@ -21,7 +17,7 @@ fn json_grammar() -> Grammar {
 
 #[test]
 fn the_trie_mask_is_every_token_the_matcher_accepts() {
-    let tok = tokenizer();
+    let tok = common::tokenizer();
     let index = TokenIndex::new(&tok);
     let g = Arc::new(json_grammar());
     let doc = "{\"name\": \"Zoë ☃\", \"n\": [1, -2.5e3, true], \"o\": {}}";
@@ -65,7 +61,7 @@ fn the_trie_mask_is_every_token_the_matcher_accepts() {
 
 #[test]
 fn each_vocabulary_gets_its_own_trie_built_once() {
-    let smol = tokenizer();
+    let smol = common::tokenizer();
     let gemma_path = shared::ensure_cached(&shared::GEMMA3_MODEL).unwrap_or_else(|e| panic!("{e}"));
     let file = GgufFile::open(&gemma_path).unwrap_or_else(|e| panic!("{e}"));
     let gemma = Tokenizer::from_gguf(&file.gguf).unwrap_or_else(|e| panic!("{e}"));

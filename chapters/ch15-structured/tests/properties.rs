@@ -5,15 +5,15 @@
 //! under the schema by an independent validator (the `jsonschema` crate); a text cut by the
 //! token limit is still a prefix the grammar can continue.
 
-use ch15::engine::{Engine, LoadMode, Scheduled};
-use ch15::mapped::MapOptions;
+use ch15::engine::{Engine, Scheduled};
 use ch15::matcher::Matcher;
 use ch15::{
-    Constraint, FastLoader, GenParams, Grammar, MakeRule, Message, PoolKind, Request,
-    SamplerParams, StopReason, new_pool, schema,
+    Constraint, GenParams, Grammar, MakeRule, Message, Request, SamplerParams, StopReason, schema,
 };
 use proptest::prelude::*;
 use std::sync::{Arc, OnceLock};
+
+mod common;
 
 /// Tokens per request: enough for the small documents asked for, few enough that a case of
 /// four requests runs in about a second.
@@ -70,14 +70,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-        let engine = Engine::load(
-            &path,
-            LoadMode::Map(MapOptions::default()),
-            FastLoader::new(new_pool(PoolKind::Spin, 2)),
-            &ch15::architectures(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let engine = common::engine();
         let mut cases = Vec::new();
         for (text, ask) in SCHEMAS {
             let gbnf = schema::schema_text_to_grammar(text).unwrap_or_else(|e| panic!("{e}"));

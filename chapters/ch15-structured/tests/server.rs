@@ -4,65 +4,40 @@
 //! `json_object`, a streamed `json_schema`, llama-server's `grammar`, and the 400s of what
 //! cannot be compiled.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The server says where it listens before it loads the model; on a busy machine that may
 /// take a while.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn openais_client_gets_structured_output() {
     let (py, path) = testkit::python::openai();
     let model = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let mut child = Command::new(testkit::program(
-        "llm-rs",
-        testkit::Target::Bin,
-        "llm-rs",
-        &[],
-    ))
-    .arg("serve")
-    .arg("--model")
-    .arg(&model)
-    .args([
-        "--port",
-        "0",
-        "--ctx",
-        "1024",
-        "--threads",
-        "2",
-        "--parallel",
-        "2",
-    ])
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("llm-rs serve starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let _server = Server(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("server: {line}");
-            if let Some(i) = line.find("listening on ") {
-                let url = line[i + "listening on ".len()..].split_whitespace().next();
-                let _ = tx.send(url.unwrap_or("").to_string());
-            }
-        }
-    });
-    let base = rx
-        .recv_timeout(START_TIMEOUT)
-        .expect("the server says where it listens");
+    let (_server, base) = testkit::serve::serve(
+        Command::new(testkit::program(
+            "llm-rs",
+            testkit::Target::Bin,
+            "llm-rs",
+            &[],
+        ))
+        .arg("serve")
+        .arg("--model")
+        .arg(&model)
+        .args([
+            "--port",
+            "0",
+            "--ctx",
+            "1024",
+            "--threads",
+            "2",
+            "--parallel",
+            "2",
+        ]),
+        START_TIMEOUT,
+    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_client.py");
     let out = Command::new(py)
         .env("PYTHONPATH", path)
