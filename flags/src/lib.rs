@@ -14,7 +14,9 @@
 //!   environment and a TOML file (`settings`);
 //! - `scaling` (feature `scaling`): chapter 14's engine, chapter 10's flags and `--mem-budget`;
 //! - `structured` (feature `structured`): chapter 15's engine, with `--grammar`,
-//!   `--grammar-file`, `--json-schema` and `--json-schema-file`.
+//!   `--grammar-file`, `--json-schema` and `--json-schema-file`;
+//! - `speculative` (feature `speculative`): chapter 16's engine, with `--spec`,
+//!   `--draft-model` and `--draft-max`.
 
 pub mod generate;
 
@@ -28,6 +30,8 @@ pub mod scaling;
 pub mod server;
 #[cfg(feature = "production")]
 pub mod settings;
+#[cfg(feature = "speculative")]
+pub mod speculative;
 #[cfg(feature = "structured")]
 pub mod structured;
 

@@ -32,6 +32,16 @@ pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
 /// [`main_from`] on parsed flags, the tokens that may come next decided by `rule` if any (a
 /// later chapter's).
 pub fn main_with(flags: Scaling, archs: Architectures, rule: Option<Arc<dyn MakeRule>>) {
+    let args = checked(flags, archs, rule);
+    if let Err(e) = run::run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The settings `flags` give for `archs`, the output ruled by `rule` if any; a usage error
+/// (and exit) when they cannot run.
+pub fn checked(flags: Scaling, archs: Architectures, rule: Option<Arc<dyn MakeRule>>) -> RunArgs {
     let mut args = RunArgs {
         engine: flags.engine.args(archs),
         mem_budget: flags.mem_budget,
@@ -49,8 +59,5 @@ pub fn main_with(flags: Scaling, archs: Architectures, rule: Option<Arc<dyn Make
             )
             .exit();
     }
-    if let Err(e) = run::run(&args) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    args
 }

@@ -69,20 +69,28 @@ impl Structured {
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
     let name = argv.first().map(|a| a.to_string_lossy().into_owned());
     let flags = Structured::parse_from(argv);
-    let fail = |m: String| -> ! {
-        let mut cmd = Structured::command();
-        if let Some(n) = &name {
-            cmd = cmd.bin_name(n);
-        }
-        cmd.error(clap::error::ErrorKind::ValueValidation, m).exit()
-    };
-    let rule = match flags.source() {
-        Err(e) => fail(e),
-        Ok(None) => None,
-        Ok(Some((flag, source))) => match compile(&source) {
-            Ok(g) => Some(Arc::new(Constraint::new(g)) as Arc<dyn MakeRule>),
-            Err(e) => fail(format!("{flag}: {e}")),
-        },
-    };
+    let rule = flags.rule(name.as_deref());
     scaling::main_with(flags.scaling, archs, rule);
+}
+
+impl Structured {
+    /// The rule the grammar flags ask for, if any; a usage error (and exit) naming the flag
+    /// when the grammar or schema cannot be used. `name` is the program's, for the message.
+    pub fn rule(&self, name: Option<&str>) -> Option<Arc<dyn MakeRule>> {
+        let fail = |m: String| -> ! {
+            let mut cmd = Structured::command();
+            if let Some(n) = name {
+                cmd = cmd.bin_name(n.to_string());
+            }
+            cmd.error(clap::error::ErrorKind::ValueValidation, m).exit()
+        };
+        match self.source() {
+            Err(e) => fail(e),
+            Ok(None) => None,
+            Ok(Some((flag, source))) => match compile(&source) {
+                Ok(g) => Some(Arc::new(Constraint::new(g)) as Arc<dyn MakeRule>),
+                Err(e) => fail(format!("{flag}: {e}")),
+            },
+        }
+    }
 }

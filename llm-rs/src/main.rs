@@ -1,9 +1,10 @@
 //! `llm-rs`: the finished engine, at the top of the tower. One binary runs every architecture
-//! the chapters know ([`ch15::architectures`]):
+//! the chapters know ([`ch16::architectures`]):
 //!
 //! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags,
 //!   behind chapter 14's memory budget: `--mem-budget` prints it; chapter 15's `--grammar` and
-//!   `--json-schema` hold the output to a form);
+//!   `--json-schema` hold the output to a form; chapter 16's `--spec ngram|draft` guesses
+//!   tokens ahead and checks them in one pass, the output unchanged);
 //! - `llm-rs chat [--model PATH]`: a conversation, one message per line of standard input;
 //! - `llm-rs serve [--port 8080] …`: the production server (chapter 12's, its flags,
 //!   environment variables and configuration file), whose requests may ask for JSON
@@ -12,10 +13,10 @@
 //!   and whether this engine runs its architecture.
 //!
 //! `llm-rs SUBCOMMAND --help` lists a subcommand's flags (the `flags` crate's). When a chapter
-//! is added above chapter 15, this package depends on it instead and names its set of
+//! is added above chapter 16, this package depends on it instead and names its set of
 //! architectures: one line in `Cargo.toml`, one in `main`.
 
-use ch15::{Architectures, Config, GgufFile};
+use ch16::{Architectures, Config, GgufFile};
 use clap::{Parser, Subcommand};
 use std::error::Error;
 use std::ffi::OsString;
@@ -77,7 +78,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
     };
     let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    print!("{}", ch15::ch01::inspect::summary(&file, &name));
+    print!("{}", ch16::ch01::inspect::summary(&file, &name));
     let arch = file
         .gguf
         .architecture()
@@ -96,7 +97,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
 }
 
 fn main() {
-    let archs = ch15::architectures();
+    let archs = ch16::architectures();
     match Cli::parse().command {
         Command::Inspect { path } => {
             if let Err(e) = inspect(path, &archs) {
@@ -104,14 +105,16 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        Command::Run { args } => flags::structured::main_from(argv("llm-rs run", &[], args), archs),
+        Command::Run { args } => {
+            flags::speculative::main_from(argv("llm-rs run", &[], args), archs)
+        }
         Command::Chat { args } => {
-            flags::structured::main_from(argv("llm-rs chat", &["--chat"], args), archs)
+            flags::speculative::main_from(argv("llm-rs chat", &["--chat"], args), archs)
         }
         Command::Serve { args } => flags::production::main_with(
             argv("llm-rs serve", &[], args),
             archs,
-            std::sync::Arc::new(ch15::Structured::default()),
+            std::sync::Arc::new(ch16::Structured::default()),
         ),
     }
 }

@@ -22,7 +22,31 @@ impl<K: KvStore> Session for Cached<'_, K> {
     type Error = ForwardError;
 
     fn next_logits(&mut self, tokens: &[u32], n_new: usize) -> Result<&[f32], ForwardError> {
-        let start = tokens.len() - n_new;
+        self.last_logits(tokens, n_new, 1)
+    }
+}
+
+// ANCHOR_END: session
+
+// ANCHOR: last_logits
+impl<K: KvStore> Cached<'_, K> {
+    /// Logits `(n_rows, vocab)` of the last `n_rows` of `tokens`, each row predicting the token
+    /// after its own: [`Session::next_logits`] is the case `n_rows == 1`. The last `n_new` of
+    /// `tokens` are new (`1 <= n_rows <= n_new`, and `n_rows <= chunk`, so that the rows are
+    /// computed in one batch). Several rows check several guessed tokens in one pass over the
+    /// weights.
+    pub fn last_logits(
+        &mut self,
+        tokens: &[u32],
+        n_new: usize,
+        n_rows: usize,
+    ) -> Result<&[f32], ForwardError> {
+        assert!(
+            (1..=n_new.min(self.chunk)).contains(&n_rows) && n_new <= tokens.len(),
+            "last_logits: {n_rows} rows of {n_new} new tokens (chunk {})",
+            self.chunk
+        );
+        let (start, end) = (tokens.len() - n_new, tokens.len());
         if start != self.n_past {
             return Err(ForwardError::Kv(ch04::KvError::Gap {
                 seq: 0,
@@ -30,13 +54,17 @@ impl<K: KvStore> Session for Cached<'_, K> {
                 start,
             }));
         }
-        for (i, chunk) in tokens[start..].chunks(self.chunk).enumerate() {
-            let pos = start + i * self.chunk;
-            // Only the prompt's last token needs logits.
-            let last = pos + chunk.len() == tokens.len();
-            self.batch.set_sequence(0, chunk, pos, false);
-            if !last {
-                self.batch.logits.fill(false);
+        let rows_from = end - n_rows; // the first token whose logits are wanted
+        let mut pos = start;
+        while pos < end {
+            let mut n = (end - pos).min(self.chunk);
+            // A chunk that would split the rows stops before them: they go in one batch.
+            if pos < rows_from && pos + n > rows_from && pos + n < end {
+                n = rows_from - pos;
+            }
+            self.batch.clear();
+            for (i, &t) in tokens[pos..pos + n].iter().enumerate() {
+                self.batch.push(t, 0, pos + i, pos + i >= rows_from);
             }
             self.model.forward_with(
                 &self.batch,
@@ -44,12 +72,13 @@ impl<K: KvStore> Session for Cached<'_, K> {
                 &mut NoObserver,
                 &mut self.scratch,
             )?;
-            self.n_past = pos + chunk.len();
+            self.n_past = pos + n;
+            pos += n;
         }
         Ok(&self.scratch.logits)
     }
 }
-// ANCHOR_END: session
+// ANCHOR_END: last_logits
 
 // ANCHOR: session_new
 impl<'m> Cached<'m, crate::ContiguousCache> {
@@ -75,6 +104,16 @@ impl<'m, K: KvStore> Cached<'m, K> {
     }
 }
 // ANCHOR_END: session_new
+
+impl Cached<'_, crate::ContiguousCache> {
+    /// Forget the positions from `n` on: the next call continues from position `n`, writing
+    /// over what was there (tokens that turned out not to follow, say). The cache must not be
+    /// a sliding window that has wrapped around, which no longer holds the positions before.
+    pub fn rewind(&mut self, n: usize) {
+        self.kv.truncate(n);
+        self.n_past = self.n_past.min(n);
+    }
+}
 
 impl<K: KvStore> Cached<'_, K> {
     /// The logits of the last call.

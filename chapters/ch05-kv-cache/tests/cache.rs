@@ -269,3 +269,57 @@ fn sliding_window_cache_equals_windowed_attention() {
         CACHED_TOL,
     );
 }
+
+/// Several rows of logits in one call equal the rows one call each would give, and a rewound
+/// session recomputes exactly what it computed before: what checking guessed tokens needs
+/// (chapter 16).
+#[test]
+fn last_rows_in_one_call_and_rewinding_change_nothing() {
+    let (_, prompt, generated) = reference();
+    let model = model();
+    let guess = &generated[..8];
+    let mut tokens = prompt.clone();
+    tokens.extend_from_slice(guess);
+
+    // One call per token: the logits after each guessed token.
+    let mut one = Cached::contiguous(model, Some(256));
+    let mut expected = Vec::new();
+    for n in prompt.len()..=tokens.len() {
+        let n_new = if n == prompt.len() { n } else { 1 };
+        expected.push(one.next_logits(&tokens[..n], n_new).unwrap().to_vec());
+    }
+
+    // The prompt, then every guess in one call; chunks of 4 cannot split the rows.
+    let mut many = Cached::new(model, ContiguousCache::for_model(model, 256), 16);
+    let vocab = model.config.vocab_size;
+    many.next_logits(&prompt, prompt.len()).unwrap();
+    let rows = many
+        .last_logits(&tokens, guess.len() + 1, guess.len() + 1)
+        .unwrap()
+        .to_vec();
+    assert_eq!(rows.len(), (guess.len() + 1) * vocab);
+    // The row of the prompt's last token is the prompt's logits: recompute it by rewinding.
+    many.rewind(prompt.len() - 1);
+    let again = many
+        .last_logits(&tokens, guess.len() + 2, guess.len() + 2)
+        .unwrap();
+    for (i, want) in expected.iter().enumerate() {
+        assert_close(
+            &format!("row {i} of one call after rewinding"),
+            &[vocab],
+            &again[i * vocab..(i + 1) * vocab],
+            want,
+            CACHED_TOL,
+        );
+    }
+    for (i, want) in expected[1..].iter().enumerate() {
+        assert_close(
+            &format!("row {i} of one call"),
+            &[vocab],
+            &rows[i * vocab..(i + 1) * vocab],
+            want,
+            CACHED_TOL,
+        );
+    }
+    assert_eq!(many.n_past, tokens.len());
+}

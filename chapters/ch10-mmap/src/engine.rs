@@ -466,22 +466,28 @@ impl Runner for Scheduled<'_> {
 
     // ANCHOR: report
     fn report(&self, json: &mut Map<String, Value>) {
-        let loader = match self.engine.mode {
-            LoadMode::Map(_) => "mmap",
-            LoadMode::Read => "read",
-        };
-        json.insert("loader".into(), loader.into());
-        json.insert("repacked".into(), self.engine.repacked.into());
-        let memory = memory_stats().map(|m| {
-            json!({
-                "peak_rss_kib": m.peak_rss,
-                "rss_kib": m.rss,
-                "rss_anon_kib": m.rss_anon,
-                "rss_file_kib": m.rss_file,
-            })
-        });
-        json.insert("memory".into(), memory.into());
+        report_engine(self.engine, json);
     }
+}
+
+/// The engine's fields of the `--json` report: how the weights were loaded, and the
+/// process's memory.
+pub fn report_engine(engine: &Engine, json: &mut Map<String, Value>) {
+    let loader = match engine.mode {
+        LoadMode::Map(_) => "mmap",
+        LoadMode::Read => "read",
+    };
+    json.insert("loader".into(), loader.into());
+    json.insert("repacked".into(), engine.repacked.into());
+    let memory = memory_stats().map(|m| {
+        json!({
+            "peak_rss_kib": m.peak_rss,
+            "rss_kib": m.rss,
+            "rss_anon_kib": m.rss_anon,
+            "rss_file_kib": m.rss_file,
+        })
+    });
+    json.insert("memory".into(), memory.into());
 }
 // ANCHOR_END: report
 
@@ -489,18 +495,27 @@ impl Runner for Scheduled<'_> {
 /// Run the engine as `args` say: chapter 4's command line with this chapter's loading and
 /// chapter 7's scheduler. The flags are checked before the model loads.
 pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
+    cli::check(&args.generation)?;
+    if args.gpu {
+        return run_gpu(args, &args.generation.model_path()?, Instant::now());
+    }
+    let (engine, t0) = load(args, args.fast_loader())?;
+    let mut runner = Scheduled::with_cache(&engine, engine.model.n_ctx(), 1, args.cache)?;
+    drive(args, &engine, t0, &mut runner)
+}
+
+/// Load the model `args` name with `fast`'s kernels and pool, showing progress on a terminal,
+/// its context set by `--ctx`, and say what was loaded (unless `--json`). Returns the engine
+/// and when loading started.
+pub fn load(args: &EngineArgs, fast: FastLoader) -> Result<(Engine, Instant), Box<dyn Error>> {
     let g = &args.generation;
-    cli::check(g)?;
     let path: PathBuf = g.model_path()?;
     let t0 = Instant::now();
-    if args.gpu {
-        return run_gpu(args, &path, t0);
-    }
     let progress = LoadProgress::on_terminal(!g.json);
     let engine = Engine::load_reporting(
         &path,
         args.load_mode(),
-        args.fast_loader(),
+        fast,
         &args.archs,
         progress.reporter(),
     );
@@ -510,13 +525,23 @@ pub fn run(args: &EngineArgs) -> Result<(), Box<dyn Error>> {
     if !g.json {
         eprintln!("{}", engine.describe(&path));
     }
-    let mut runner = Scheduled::with_cache(&engine, engine.model.n_ctx(), 1, args.cache)?;
+    Ok((engine, t0))
+}
+
+/// Chapter 4's command line over `runner`, for `engine` loaded since `t0`: one prompt, or a
+/// conversation.
+pub fn drive(
+    args: &EngineArgs,
+    engine: &Engine,
+    t0: Instant,
+    runner: &mut dyn Runner,
+) -> Result<(), Box<dyn Error>> {
     cli::drive(
-        g,
+        &args.generation,
         &engine.tokenizer,
         engine.template.as_ref(),
         (t0, engine.load_time),
-        &mut runner,
+        runner,
     )
     .map_err(|e| engine.explain(e))
 }

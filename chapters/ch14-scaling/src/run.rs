@@ -41,6 +41,16 @@ pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
 /// Run chapter 10's engine once the budget says the run fits; with `mem_budget`, print the
 /// budget and stop.
 pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
+    if plan(args)? {
+        engine::run(&args.engine)?;
+    }
+    Ok(())
+}
+
+/// The budget before a run: printed, and `false` (nothing to run), with `mem_budget`; else
+/// checked against the memory available (an error if the run cannot fit), summed up on
+/// standard error unless `--json`, and `true`.
+pub fn plan(args: &RunArgs) -> Result<bool, Box<dyn Error>> {
     let budget = budget_of(&args.engine)?;
     let available = available_memory();
     if args.mem_budget {
@@ -48,7 +58,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
         if let Some(a) = available {
             println!("  {:<40} {:>9}", "available now", gb(a));
         }
-        return Ok(());
+        return Ok(false);
     }
     if let Some(a) = available {
         budget.check(a)?;
@@ -63,6 +73,6 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
             budget.cache
         );
     }
-    engine::run(&args.engine)
+    Ok(true)
 }
 // ANCHOR_END: run

@@ -1,0 +1,35 @@
+//! Chapter 16: speculative decoding — more than one token per pass over the weights, with the
+//! same output.
+//!
+//! A decode step reads every weight to produce one token; when memory is the wall (chapter
+//! 14), a pass over a few tokens costs little more than a pass over one. So guess the next
+//! tokens cheaply, run the model once over the last token and the guesses, and keep every guess
+//! the model would have produced itself, plus the model's own token after the last one kept.
+//! What this chapter adds:
+//! - [`propose`]: who guesses — the [`Proposer`] trait; [`PromptLookup`], which finds the last
+//!   few tokens earlier in the prompt or the output and proposes what followed them (no second
+//!   model); [`DraftModel`], a smaller model with the same vocabulary decoding greedily ahead;
+//!   and [`DraftLength`], which shortens the guesses when they fail and lengthens them when
+//!   they hold.
+//! - [`speculate`](mod@speculate): chapter 4's generation loop with guesses checked in one
+//!   batch (chapter 5's [`Cached::last_logits`]) and the cache rewound past a rejected one
+//!   ([`Cached::rewind`]). Each token is sampled by chapter 4's [`Generator`] from the target
+//!   model's own logits, exactly as without guesses, so the output is the same token for
+//!   token — greedy or sampled with the same seed.
+//! - [`runner`]: the finished engine's runner with speculation (`llm-rs run --spec ngram`,
+//!   `--spec draft --draft-model FILE`), reporting acceptance in `--json`.
+//!
+//! Left for later: speculation inside chapter 7's continuous batch (the server), where the
+//! paged cache must roll back past shared prefix blocks; tree-shaped guesses and
+//! Medusa-style heads.
+
+pub mod propose;
+pub mod runner;
+pub mod speculate;
+
+pub use propose::{DraftLength, DraftModel, PromptLookup, Proposer};
+pub use runner::{SpecKind, SpecRunner};
+pub use speculate::{SpecStats, speculate};
+
+/// Everything earlier chapters offer, so `ch16` reads as "the engine as of chapter 16".
+pub use ch15::{self, *};

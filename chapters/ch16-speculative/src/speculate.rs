@@ -1,0 +1,142 @@
+//! Generation with guesses: each pass over the weights checks the guessed tokens, and every
+//! token is still sampled from the target model's own logits.
+//!
+//! Why the output does not change: a pass over the last token `t` and guesses `g1..gk` gives
+//! k + 1 rows of logits; row 0 is what plain decoding computes for the token after `t`. The
+//! [`Generator`] samples from it exactly as it would without guesses. If that token is `g1`,
+//! row 1 was computed from the right sequence and is row 0 of the next plain step, so the
+//! generator samples from it too; the first token that differs from its guess ends the pass,
+//! and the rows after it, computed from a wrong guess, are thrown away. Every token is drawn
+//! from the distribution plain decoding draws it from, with the same random draws, so greedy
+//! output is identical and sampled output is identical for the same seed. For a proposer
+//! that guesses deterministically this *is* the standard speculative-sampling rule (accept
+//! `g` with probability `p(g)`, else sample from `p` without `g`): sampling `x ~ p` and
+//! comparing with `g` accepts with probability `p(g)`, and a rejected `x` is distributed as
+//! `p` restricted to tokens other than `g`.
+
+use crate::propose::{DraftLength, Proposer};
+use ch15::{
+    Cached, ContiguousCache, ForwardError, GenParams, Generation, Generator, NonFinite, StepError,
+    StopReason, Tokenizer,
+};
+use std::time::{Duration, Instant};
+
+/// How the guesses fared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Passes over the weights after the prompt's (each checks zero or more guesses).
+    pub passes: usize,
+    /// Guessed tokens checked, and those the model agreed with.
+    pub proposed: usize,
+    pub accepted: usize,
+    /// Tokens generated after the first (the first comes with the prompt's pass).
+    pub decoded: usize,
+}
+
+impl SpecStats {
+    /// Accepted guesses per guess checked.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.proposed.max(1) as f64
+    }
+    /// Tokens per pass over the weights after the prompt: 1 without speculation.
+    pub fn tokens_per_pass(&self) -> f64 {
+        self.decoded as f64 / self.passes.max(1) as f64
+    }
+    pub fn add(&mut self, o: &SpecStats) {
+        self.passes += o.passes;
+        self.proposed += o.proposed;
+        self.accepted += o.accepted;
+        self.decoded += o.decoded;
+    }
+}
+
+// ANCHOR: speculate
+/// Chapter 4's [`generate`](ch15::generate) with guesses from `proposer`, as many as `length`
+/// says, checked in one pass of `session` each. The session's cache may already hold a prefix
+/// of `prompt` (its `n_past` positions): only the rest is computed.
+pub fn speculate(
+    session: &mut Cached<'_, ContiguousCache>,
+    proposer: &mut dyn Proposer,
+    length: &mut DraftLength,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    params: &GenParams,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<(Generation, SpecStats), ForwardError> {
+    let vocab = session.model.config.vocab_size;
+    let n_ctx = session.kv.capacity();
+    let mut generator = Generator::new(tok, params);
+    let mut tokens = Vec::with_capacity(prompt.len() + params.max_tokens.min(1 << 16));
+    tokens.extend_from_slice(prompt);
+    // At least the prompt's last token is computed: its row gives the first token.
+    session.rewind(session.n_past.min(prompt.len().saturating_sub(1)));
+    let reused = session.n_past;
+    let mut n_new = prompt.len() - reused;
+    let (mut stats, mut guesses) = (SpecStats::default(), Vec::new());
+    let (mut prefill, mut decode) = (Duration::ZERO, Duration::ZERO);
+    while generator.stop.is_none() {
+        let t0 = Instant::now();
+        // Guess no further than the token limit and the cache allow.
+        let room =
+            (params.max_tokens - generator.ids.len() - 1).min(n_ctx.saturating_sub(tokens.len()));
+        let k = length.get().min(room);
+        guesses.clear();
+        if k > 0 {
+            proposer.propose(&tokens, k, &mut guesses)?;
+            guesses.truncate(k);
+        }
+        tokens.extend_from_slice(&guesses);
+        let rows = guesses.len() + 1;
+        let logits = match session.last_logits(&tokens, n_new + guesses.len(), rows) {
+            Ok(logits) => logits,
+            Err(e) if e.context_full() && !generator.ids.is_empty() => {
+                on_text(&generator.end(StopReason::ContextFull));
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        tokens.truncate(tokens.len() - guesses.len());
+        // ANCHOR_END: speculate
+        // ANCHOR: speculate_check
+        let first = generator.ids.is_empty();
+        let mut accepted = 0;
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            NonFinite::check(row, generator.ids.len(), &tokens)?;
+            let (next, text) = generator.sample(row, &tokens);
+            on_text(&text);
+            tokens.push(next);
+            let held = guesses.get(i) == Some(&next);
+            accepted += usize::from(held);
+            if generator.stop.is_some() || !held {
+                break;
+            }
+        }
+        // The cache holds every token but the last one sampled, which the next pass feeds.
+        session.rewind(tokens.len() - 1);
+        n_new = 1;
+        length.update(guesses.len(), accepted);
+        // ANCHOR_END: speculate_check
+        if first {
+            prefill = t0.elapsed();
+            stats.decoded += accepted; // tokens the prompt's pass gave after the first
+        } else {
+            decode += t0.elapsed();
+            stats.passes += 1;
+            stats.decoded += accepted + 1;
+        }
+        stats.proposed += guesses.len();
+        stats.accepted += accepted;
+    }
+    let generation = Generation {
+        prompt_ids: prompt.to_vec(),
+        text: generator.text().to_string(),
+        stop: generator.stop.unwrap_or(StopReason::MaxTokens),
+        reused,
+        prefill,
+        decode,
+        // Tokens fed back, as for plain decoding, so that `decode_tok_s` is tokens per second.
+        decode_calls: generator.ids.len().saturating_sub(1),
+        ids: generator.ids,
+    };
+    Ok((generation, stats))
+}

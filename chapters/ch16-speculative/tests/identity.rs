@@ -1,0 +1,216 @@
+//! Speculation changes how many passes a generation takes, not what it generates: on the
+//! finished engine's model, greedy output with guesses — right, wrong, or right for a while —
+//! is token for token the output without them, and so is sampled output for the same seed.
+
+use ch16::engine::{Engine, LoadMode};
+use ch16::mapped::MapOptions;
+use ch16::{
+    Cached, ContiguousCache, DraftLength, DraftModel, FastLoader, ForwardError, GenParams,
+    PoolKind, PromptLookup, Proposer, SamplerParams, SpecStats, generate, new_pool, speculate,
+};
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+/// Tokens generated per run: long enough for copying to start and stop, short enough that the
+/// proptest's cases take seconds.
+const TOKENS: usize = 40;
+/// Positions of the test caches.
+const N_CTX: usize = 512;
+
+fn engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+        Engine::load(
+            &path,
+            LoadMode::Map(MapOptions::default()),
+            FastLoader::new(new_pool(PoolKind::Spin, 2)),
+            &ch16::architectures(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+fn session() -> Cached<'static, ContiguousCache> {
+    let model = &engine().model;
+    Cached::new(model, ContiguousCache::for_model(model, N_CTX), 256)
+}
+
+/// Prompts the default model continues: two that copy from themselves, two that do not.
+const PROMPTS: [&str; 4] = [
+    "Repeat the list: red, orange, yellow, green, blue, indigo, violet. The list again: red,",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+];
+
+fn prompt(i: usize) -> Vec<u32> {
+    engine().tokenizer.encode(PROMPTS[i], true, false)
+}
+
+fn params(sampler: SamplerParams) -> GenParams {
+    GenParams {
+        max_tokens: TOKENS,
+        sampler,
+        stop: Vec::new(),
+        rule: None,
+    }
+}
+
+/// Sampled as llama.cpp samples by default, with a fixed seed.
+fn sampled(seed: u64) -> SamplerParams {
+    SamplerParams {
+        seed,
+        ..SamplerParams::default()
+    }
+}
+
+/// Plain decoding, one token per pass: the ids and the text.
+fn plain(prompt: &[u32], params: &GenParams) -> (Vec<u32>, String) {
+    let e = engine();
+    let g = generate(&mut session(), &e.tokenizer, prompt, params, &mut |_| {}).unwrap();
+    (g.ids, g.text)
+}
+
+/// Decoding with `proposer`'s guesses: the ids, the text as streamed, and the statistics.
+fn guessed(
+    prompt: &[u32],
+    params: &GenParams,
+    proposer: &mut dyn Proposer,
+) -> (Vec<u32>, String, SpecStats) {
+    let e = engine();
+    let mut streamed = String::new();
+    let (g, stats) = speculate(
+        &mut session(),
+        proposer,
+        &mut DraftLength::new(8),
+        &e.tokenizer,
+        prompt,
+        params,
+        &mut |t| streamed.push_str(t),
+    )
+    .unwrap();
+    assert_eq!(
+        streamed, g.text,
+        "the streamed text is the generation's text"
+    );
+    (g.ids, streamed, stats)
+}
+
+/// Guesses taken from a known continuation, some made wrong on purpose: `plan[call]` is how
+/// many of that call's guesses to give and which one (if any) to replace by another token.
+struct Scripted {
+    truth: Vec<u32>,
+    plan: Vec<(usize, Option<usize>)>,
+    call: usize,
+}
+
+impl Proposer for Scripted {
+    fn propose(
+        &mut self,
+        tokens: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ForwardError> {
+        let (n, wrong) = self.plan.get(self.call).copied().unwrap_or((max, None));
+        self.call += 1;
+        let start = out.len();
+        out.extend(self.truth.iter().skip(tokens.len()).take(n.min(max)));
+        if let Some(w) = wrong.filter(|&w| start + w < out.len()) {
+            out[start + w] = (out[start + w] + 1) % 1000;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn greedy_output_is_unchanged_by_prompt_lookup() {
+    let mut copied = 0;
+    for i in 0..PROMPTS.len() {
+        let p = prompt(i);
+        let params = params(SamplerParams::greedy());
+        let (want, text) = plain(&p, &params);
+        let (got, streamed, stats) = guessed(&p, &params, &mut PromptLookup::default());
+        testkit::assert_same_sequence(&format!("prompt {i}: ids"), &got, &want);
+        assert_eq!(streamed, text, "prompt {i}");
+        copied += stats.accepted;
+    }
+    // The copying prompts do copy: a test of identity that never accepted would prove little.
+    assert!(
+        copied >= 10,
+        "only {copied} guesses accepted over all prompts"
+    );
+}
+
+#[test]
+fn sampled_output_is_unchanged_for_the_same_seed() {
+    for (i, seed) in [(0, 7), (1, 11), (3, 42)] {
+        let p = prompt(i);
+        let params = params(sampled(seed));
+        let (want, _) = plain(&p, &params);
+        let (got, _, _) = guessed(&p, &params, &mut PromptLookup::default());
+        testkit::assert_same_sequence(&format!("prompt {i}, seed {seed}"), &got, &want);
+        // Guesses that are the sampled continuation itself are all accepted.
+        let mut truth = p.clone();
+        truth.extend_from_slice(&want);
+        let mut oracle = Scripted {
+            truth,
+            plan: Vec::new(),
+            call: 0,
+        };
+        let (got, _, stats) = guessed(&p, &params, &mut oracle);
+        testkit::assert_same_sequence(&format!("prompt {i}, seed {seed}, oracle"), &got, &want);
+        assert_eq!(
+            stats.accepted, stats.proposed,
+            "prompt {i}: the right guesses all held"
+        );
+    }
+}
+
+#[test]
+fn a_draft_model_identical_to_the_target_is_almost_always_right() {
+    let e = engine();
+    for i in [0, 2] {
+        let p = prompt(i);
+        let params = params(SamplerParams::greedy());
+        let (want, _) = plain(&p, &params);
+        let mut draft = DraftModel::new(&e.model, &e.tokenizer, &e.tokenizer, N_CTX).unwrap();
+        let (got, _, stats) = guessed(&p, &params, &mut draft);
+        testkit::assert_same_sequence(&format!("prompt {i}: ids"), &got, &want);
+        // The draft computes one token a pass and the check several: their logits may differ
+        // in the last bits, so a near-tie can go the other way. Anything much below all means
+        // the draft's cache lost track of the sequence.
+        assert!(
+            stats.acceptance() >= MIN_SELF_ACCEPTANCE,
+            "prompt {i}: acceptance {:.2} ({stats:?})",
+            stats.acceptance()
+        );
+    }
+}
+
+/// Acceptance of a draft that is the target itself: near-ties aside, every guess holds.
+const MIN_SELF_ACCEPTANCE: f64 = 0.9;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Any pattern of right and wrong guesses — all right, none, the first few, one wrong in
+    /// the middle — leaves greedy and sampled output as it was.
+    #[test]
+    fn any_pattern_of_guesses_leaves_the_output_unchanged(
+        which in 0..PROMPTS.len(),
+        seed in proptest::option::of(0u64..1000),
+        plan in proptest::collection::vec((0usize..10, proptest::option::of(0usize..10)), 0..24),
+    ) {
+        let p = prompt(which);
+        let params = params(seed.map_or_else(SamplerParams::greedy, sampled));
+        let (want, text) = plain(&p, &params);
+        let mut truth = p.clone();
+        truth.extend_from_slice(&want);
+        let mut scripted = Scripted { truth, plan, call: 0 };
+        let (got, streamed, stats) = guessed(&p, &params, &mut scripted);
+        prop_assert_eq!(&got, &want);
+        prop_assert_eq!(streamed, text);
+        prop_assert!(stats.accepted <= stats.proposed);
+    }
+}
