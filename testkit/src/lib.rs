@@ -19,7 +19,7 @@ pub mod refdata;
 pub mod serve;
 
 pub use compare::{Tolerance, assert_close, assert_same_sequence, compare, sequence_mismatch};
-pub use program::{Target, program};
+pub use program::{Target, json_printed, llm_rs_run, program};
 
 /// How far our hidden states (each layer's output) may be from llama.cpp's on the f32 path
 /// (chapter 4's check, and every later one on the f32 path). Both sides compute in f32 but sum

@@ -82,3 +82,25 @@ fn build(package: &str, target: Target, name: &str, features: &[&str]) -> PathBu
     );
     path
 }
+
+/// `llm-rs run --model DEFAULT ARGS…`: the finished engine on the default model, run to the
+/// end, its output kept.
+pub fn llm_rs_run(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(program("llm-rs", Target::Bin, "llm-rs", &[]))
+        .arg("run")
+        .arg("--model")
+        .arg(shared::default_model_path().unwrap_or_else(|e| panic!("{e}")))
+        .args(args)
+        .output()
+        .expect("llm-rs runs")
+}
+
+/// The one JSON object a `--json` run printed; a failed run panics with what it said.
+pub fn json_printed(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
+}

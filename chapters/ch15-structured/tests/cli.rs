@@ -1,31 +1,7 @@
 //! `llm-rs run` with llama.cpp's grammar flags, on the default model: the output is held to
 //! the grammar or schema, and one that cannot be used is a usage error naming the flag.
 
-use std::process::{Command, Output};
-
-fn llm_rs(args: &[&str]) -> Output {
-    Command::new(testkit::program(
-        "llm-rs",
-        testkit::Target::Bin,
-        "llm-rs",
-        &[],
-    ))
-    .arg("run")
-    .args(["--model"])
-    .arg(shared::default_model_path().unwrap_or_else(|e| panic!("{e}")))
-    .args(args)
-    .output()
-    .expect("llm-rs runs")
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
-}
+use testkit::{json_printed as json, llm_rs_run as llm_rs};
 
 #[test]
 fn grammar_flags_hold_the_output() {

@@ -3,7 +3,12 @@
 //! Greedy, chat-templated, the same output checked for both (else the row fails).
 //!
 //! `cargo run --release -p ch16 --example spec-bench -- [--model FILE] [--runs 5]
-//! [--tokens 128] [--draft-model FILE]`
+//! [--tokens 128] [--draft-model FILE] [--llama-cpp DIR]`
+//!
+//! With `--llama-cpp DIR` (the directory `scripts/build-llama-server llama-lookup` prints), each
+//! row also runs llama.cpp on the same model and prompt, in the same run: `llama-bench` for its
+//! plain decode at the prompt's depth, and `llama-lookup` (its prompt lookup, n-grams of 1 to 4
+//! tokens) for its speculative decode, with the same `--draft-max`.
 
 use ch16::engine::{Engine, LoadMode};
 use ch16::mapped::MapOptions;
@@ -12,7 +17,9 @@ use ch16::{
     PromptLookup, Proposer, SamplerParams, generate, new_pool, speculate,
 };
 use clap::Parser;
-use std::path::PathBuf;
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 #[derive(Parser)]
 struct Flags {
@@ -31,6 +38,84 @@ struct Flags {
     /// Most guesses per pass.
     #[arg(long, default_value_t = ch16::runner::DRAFT_MAX)]
     draft_max: usize,
+    /// llama.cpp's programs (`llama-bench`, `llama-lookup`), to run beside ours.
+    #[arg(long)]
+    llama_cpp: Option<PathBuf>,
+}
+
+/// llama.cpp's plain decode rate, tok/s, over `tokens` tokens after `depth` positions:
+/// `llama-bench`'s mean over `runs`.
+fn llama_bench(
+    dir: &Path,
+    model: &Path,
+    depth: usize,
+    tokens: usize,
+    threads: usize,
+    runs: usize,
+) -> Result<f64, Box<dyn Error>> {
+    let out = Command::new(dir.join("llama-bench"))
+        .arg("-m")
+        .arg(model)
+        .args([
+            "-p",
+            "0",
+            "-n",
+            &tokens.to_string(),
+            "-d",
+            &depth.to_string(),
+        ])
+        .args([
+            "-t",
+            &threads.to_string(),
+            "-r",
+            &runs.to_string(),
+            "-o",
+            "json",
+        ])
+        .output()?;
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("llama-bench: {e}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    rows[0]["avg_ts"]
+        .as_f64()
+        .ok_or_else(|| "llama-bench printed no avg_ts".into())
+}
+
+/// llama.cpp's prompt lookup on `text`, greedy: decode tok/s and the share of guesses held.
+fn llama_lookup(
+    dir: &Path,
+    model: &Path,
+    text: &str,
+    f: &Flags,
+    threads: usize,
+) -> Result<(f64, f64), Box<dyn Error>> {
+    let out = Command::new(dir.join("llama-lookup"))
+        .arg("-m")
+        .arg(model)
+        .args([
+            "-p",
+            text,
+            "-n",
+            &f.tokens.to_string(),
+            "--draft-max",
+            &f.draft_max.to_string(),
+        ])
+        .args(["-t", &threads.to_string(), "--temp", "0", "-c", "2048"])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let after = |key: &str, unit: &str| -> Option<f64> {
+        let line = err.lines().find(|l| l.contains(key))?;
+        let rest = line.split(key).nth(1)?;
+        rest.split(unit)
+            .next()?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()
+    };
+    match (after("decoded", "t/s"), after("accept       =", "%")) {
+        (Some(speed), Some(accept)) => Ok((speed, accept)),
+        _ => Err(format!("llama-lookup printed no speed and acceptance:\n{err}").into()),
+    }
 }
 
 const DOCUMENT: &str = "The Rhine is a river that begins in the Swiss Alps, flows through \
@@ -98,10 +183,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flags.runs,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
-    println!(
-        "| task | threads | proposer | plain tok/s | speculative tok/s | speed-up | acceptance | tokens/pass |"
-    );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    let ours = "| task | threads | proposer | plain tok/s | speculative tok/s | speed-up | acceptance | tokens/pass |";
+    if flags.llama_cpp.is_some() {
+        println!(
+            "{ours} llama.cpp tok/s | llama.cpp lookup tok/s | lookup acceptance | ours ÷ llama.cpp lookup |"
+        );
+        println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    } else {
+        println!("{ours}");
+        println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    }
     for threads in [1, 2] {
         let fast = FastLoader::new(new_pool(PoolKind::Spin, threads));
         let load = |p: &PathBuf| {
@@ -174,12 +265,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     stats = st;
                 }
                 let (p, s) = (median(plain), median(spec));
-                println!(
+                print!(
                     "| {task} | {threads} | {name} | {p:.1} | {s:.1} | {:.2}× | {:.0} % | {:.2} |",
                     s / p,
                     100.0 * stats.acceptance(),
                     stats.tokens_per_pass()
                 );
+                match &flags.llama_cpp {
+                    Some(dir) if name == "ngram" => {
+                        let text = template.render(&[Message::new("user", &message)], true)?;
+                        let plain = llama_bench(
+                            dir,
+                            &path,
+                            prompt.len(),
+                            flags.tokens,
+                            threads,
+                            flags.runs,
+                        )?;
+                        let (mut speeds, mut accept) = (Vec::new(), 0.0);
+                        for _ in 0..flags.runs {
+                            let (speed, a) = llama_lookup(dir, &path, &text, &flags, threads)?;
+                            speeds.push(speed);
+                            accept = a;
+                        }
+                        let lookup = median(speeds);
+                        println!(
+                            " {plain:.1} | {lookup:.1} | {accept:.0} % | {:.2}× |",
+                            s / lookup
+                        );
+                    }
+                    Some(_) => println!(" | | | |"),
+                    None => println!(),
+                }
             }
         }
     }

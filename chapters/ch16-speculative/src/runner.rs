@@ -99,6 +99,9 @@ impl Runner for SpecRunner<'_> {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, Box<dyn Error>> {
         let n_ctx = self.session.kv.capacity();
+        if prompt.is_empty() {
+            return Err("the prompt has no tokens: there is nothing to predict from".into());
+        }
         if prompt.len() > n_ctx {
             return Err(ContextFull {
                 prompt: prompt.len(),

@@ -29,7 +29,8 @@ pub struct SpecStats {
     /// Guessed tokens checked, and those the model agreed with.
     pub proposed: usize,
     pub accepted: usize,
-    /// Tokens generated after the first (the first comes with the prompt's pass).
+    /// Tokens those passes generated (the prompt's pass generates the first, and more when
+    /// its guesses hold).
     pub decoded: usize,
 }
 
@@ -53,7 +54,7 @@ impl SpecStats {
 // ANCHOR: speculate
 /// Chapter 4's [`generate`](ch15::generate) with guesses from `proposer`, as many as `length`
 /// says, checked in one pass of `session` each. The session's cache may already hold a prefix
-/// of `prompt` (its `n_past` positions): only the rest is computed.
+/// of `prompt` (its `n_past` positions): only the rest is computed. `prompt` must not be empty.
 pub fn speculate(
     session: &mut Cached<'_, ContiguousCache>,
     proposer: &mut dyn Proposer,
@@ -76,10 +77,11 @@ pub fn speculate(
     let (mut prefill, mut decode) = (Duration::ZERO, Duration::ZERO);
     while generator.stop.is_none() {
         let t0 = Instant::now();
-        // Guess no further than the token limit and the cache allow.
+        // Guess no further than the token limit and the cache allow, and no more than one
+        // batch of the session holds.
         let room =
             (params.max_tokens - generator.ids.len() - 1).min(n_ctx.saturating_sub(tokens.len()));
-        let k = length.get().min(room);
+        let k = length.get().min(room).min(session.chunk - 1);
         guesses.clear();
         if k > 0 {
             proposer.propose(&tokens, k, &mut guesses)?;
@@ -98,7 +100,7 @@ pub fn speculate(
         tokens.truncate(tokens.len() - guesses.len());
         // ANCHOR_END: speculate
         // ANCHOR: speculate_check
-        let first = generator.ids.is_empty();
+        let (first, before) = (generator.ids.is_empty(), generator.ids.len());
         let mut accepted = 0;
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             NonFinite::check(row, generator.ids.len(), &tokens)?;
@@ -118,11 +120,10 @@ pub fn speculate(
         // ANCHOR_END: speculate_check
         if first {
             prefill = t0.elapsed();
-            stats.decoded += accepted; // tokens the prompt's pass gave after the first
         } else {
             decode += t0.elapsed();
             stats.passes += 1;
-            stats.decoded += accepted + 1;
+            stats.decoded += generator.ids.len() - before;
         }
         stats.proposed += guesses.len();
         stats.accepted += accepted;
@@ -134,8 +135,9 @@ pub fn speculate(
         reused,
         prefill,
         decode,
-        // Tokens fed back, as for plain decoding, so that `decode_tok_s` is tokens per second.
-        decode_calls: generator.ids.len().saturating_sub(1),
+        // Tokens the passes after the prompt's generated, so that `decode_tok_s` is their
+        // tokens per second.
+        decode_calls: stats.decoded,
         ids: generator.ids,
     };
     Ok((generation, stats))
