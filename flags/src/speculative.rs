@@ -25,14 +25,15 @@ pub struct Speculative {
     /// Speculative decoding: guess tokens and check them in one pass over the weights. ngram:
     /// find the last tokens earlier in the prompt or output and guess what followed; draft: a
     /// smaller model with the same vocabulary (--draft-model). The output does not change.
-    #[arg(long, value_enum, default_value = "none")]
+    /// (llama.cpp: --spec-type ngram-simple|draft-simple.)
+    #[arg(long, visible_alias = "spec-type", value_enum, default_value = "none")]
     pub spec: Spec,
-    /// The draft model's GGUF file, for --spec draft (llama.cpp: --model-draft).
-    #[arg(long, visible_alias = "model-draft")]
+    /// The draft model's GGUF file, for --spec draft (llama.cpp: --spec-draft-model, -md).
+    #[arg(long, visible_aliases = ["spec-draft-model", "model-draft"])]
     pub draft_model: Option<PathBuf>,
-    /// Most tokens guessed per pass; fewer are guessed while guesses fail (llama.cpp's
-    /// --draft-max).
-    #[arg(long, default_value_t = DRAFT_MAX)]
+    /// Most tokens guessed per pass; fewer are guessed while guesses fail (llama.cpp:
+    /// --spec-draft-n-max).
+    #[arg(long, visible_alias = "spec-draft-n-max", default_value_t = DRAFT_MAX)]
     pub draft_max: usize,
 }
 
@@ -40,7 +41,9 @@ pub struct Speculative {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Spec {
     None,
+    #[value(alias = "ngram-simple")]
     Ngram,
+    #[value(alias = "draft-simple")]
     Draft,
 }
 

@@ -1,6 +1,8 @@
-//! What speculation buys: decode speed with and without guesses on three tasks — one whose
-//! answer copies from the prompt, a code edit, and free generation — at 1 and 2 threads.
-//! Greedy, chat-templated, the same output checked for both (else the row fails).
+//! What speculation buys: speed with and without guesses on three tasks — one whose answer
+//! copies from the prompt, a code edit, and free generation — at 1 and 2 threads: tokens
+//! generated per second of the whole call, prompt, sampling and guessing included, as a user
+//! waits for them. Greedy, chat-templated, the same output checked for both (else the row
+//! fails).
 //!
 //! `cargo run --release -p ch16 --example spec-bench -- [--model FILE] [--runs 5]
 //! [--tokens 128] [--draft-model FILE] [--llama-cpp DIR]`
@@ -20,6 +22,7 @@ use clap::Parser;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 #[derive(Parser)]
 struct Flags {
@@ -38,13 +41,16 @@ struct Flags {
     /// Most guesses per pass.
     #[arg(long, default_value_t = ch16::runner::DRAFT_MAX)]
     draft_max: usize,
+    /// Shortest match prompt lookup proposes from.
+    #[arg(long, default_value_t = PromptLookup::default().min_ngram)]
+    ngram_min: usize,
     /// llama.cpp's programs (`llama-bench`, `llama-lookup`), to run beside ours.
     #[arg(long)]
     llama_cpp: Option<PathBuf>,
 }
 
-/// llama.cpp's plain decode rate, tok/s, over `tokens` tokens after `depth` positions:
-/// `llama-bench`'s mean over `runs`.
+/// llama.cpp's plain rate as ours is measured: `tokens` generated after a prompt of `depth`
+/// tokens, per second of both (`llama-bench -pg depth,tokens`, its mean over `runs`).
 fn llama_bench(
     dir: &Path,
     model: &Path,
@@ -56,14 +62,7 @@ fn llama_bench(
     let out = Command::new(dir.join("llama-bench"))
         .arg("-m")
         .arg(model)
-        .args([
-            "-p",
-            "0",
-            "-n",
-            &tokens.to_string(),
-            "-d",
-            &depth.to_string(),
-        ])
+        .args(["-p", "0", "-n", "0", "-pg", &format!("{depth},{tokens}")])
         .args([
             "-t",
             &threads.to_string(),
@@ -75,12 +74,14 @@ fn llama_bench(
         .output()?;
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("llama-bench: {e}: {}", String::from_utf8_lossy(&out.stderr)))?;
-    rows[0]["avg_ts"]
+    let both = rows[0]["avg_ts"]
         .as_f64()
-        .ok_or_else(|| "llama-bench printed no avg_ts".into())
+        .ok_or("llama-bench printed no avg_ts")?;
+    Ok(tokens as f64 / ((depth + tokens) as f64 / both))
 }
 
-/// llama.cpp's prompt lookup on `text`, greedy: decode tok/s and the share of guesses held.
+/// llama.cpp's prompt lookup on `text`, greedy: tokens generated per second of the prompt and
+/// the generation, and the share of guesses held.
 fn llama_lookup(
     dir: &Path,
     model: &Path,
@@ -96,7 +97,7 @@ fn llama_lookup(
             text,
             "-n",
             &f.tokens.to_string(),
-            "--draft-max",
+            "--spec-draft-n-max",
             &f.draft_max.to_string(),
         ])
         .args(["-t", &threads.to_string(), "--temp", "0", "-c", "2048"])
@@ -112,8 +113,17 @@ fn llama_lookup(
             .parse()
             .ok()
     };
-    match (after("decoded", "t/s"), after("accept       =", "%")) {
-        (Some(speed), Some(accept)) => Ok((speed, accept)),
+    let generated = err.lines().find_map(|l| {
+        l.split("decoded")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse::<f64>()
+            .ok()
+    });
+    let (encoding, decoding) = (after("encoded", "seconds"), after("decoded", "seconds"));
+    match (generated, encoding, decoding, after("accept       =", "%")) {
+        (Some(n), Some(e), Some(d), Some(accept)) => Ok((n / (e + d), accept)),
         _ => Err(format!("llama-lookup printed no speed and acceptance:\n{err}").into()),
     }
 }
@@ -230,6 +240,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for _ in 0..flags.runs {
                     let mut session =
                         Cached::new(model, ContiguousCache::for_model(model, n_ctx), 256);
+                    let t0 = Instant::now();
                     let g = generate(
                         &mut session,
                         &engine.tokenizer,
@@ -237,7 +248,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         &params,
                         &mut |_| {},
                     )?;
-                    plain.push(g.decode_tok_s());
+                    plain.push(g.ids.len() as f64 / t0.elapsed().as_secs_f64());
                     let mut session =
                         Cached::new(model, ContiguousCache::for_model(model, n_ctx), 256);
                     let mut proposer: Box<dyn Proposer> = match &draft {
@@ -247,8 +258,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             &engine.tokenizer,
                             n_ctx,
                         )?),
-                        _ => Box::new(PromptLookup::default()),
+                        _ => Box::new(PromptLookup {
+                            min_ngram: flags.ngram_min,
+                            ..PromptLookup::default()
+                        }),
                     };
+                    let t0 = Instant::now();
                     let (s, st) = speculate(
                         &mut session,
                         &mut *proposer,
@@ -258,10 +273,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         &params,
                         &mut |_| {},
                     )?;
+                    let rate = s.ids.len() as f64 / t0.elapsed().as_secs_f64();
                     if s.ids != g.ids {
                         return Err(format!("{task}: speculation changed the output").into());
                     }
-                    spec.push(s.decode_tok_s());
+                    spec.push(rate);
                     stats = st;
                 }
                 let (p, s) = (median(plain), median(spec));

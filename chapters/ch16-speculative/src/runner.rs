@@ -32,7 +32,9 @@ impl SpecKind {
     }
 }
 
-/// Guesses checked per pass at most (llama.cpp's `--draft-max` default).
+/// Guesses checked per pass at most, by default. Longer than llama.cpp's default of 3: the
+/// guess length adapts ([`DraftLength`]), so a long maximum costs little where guesses fail,
+/// and lets a long copy go in few passes.
 pub const DRAFT_MAX: usize = 16;
 
 /// Chapter 14's settings, and how to speculate.
