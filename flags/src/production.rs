@@ -11,6 +11,11 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Where else a server's flags come from, for its `--help`.
+pub const SETTINGS_HELP: &str = "Every flag can also be set by the environment variable shown \
+    with it, or by a key of the TOML file given with --config (the flag's name: port = 8080). A \
+    flag beats the variable, which beats the file, which beats the default.";
+
 // ANCHOR: flags
 /// The production server's flags: chapter 11's, and chapter 12's.
 #[derive(Parser, Debug, Clone)]
@@ -18,9 +23,7 @@ use std::sync::Arc;
     name = "production",
     about = "Serve GGUF models over HTTP with OpenAI's API: metrics, logs, a graceful shutdown.",
     long_about = None,
-    after_help = "Every flag can also be set by the environment variable shown with it, or by a \
-                  key of the TOML file given with --config (the flag's name: port = 8080). A \
-                  flag beats the variable, which beats the file, which beats the default.",
+    after_help = SETTINGS_HELP,
     max_term_width = 100
 )]
 pub struct Production {
@@ -131,22 +134,31 @@ pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
 
 /// [`main_from`], the requests' output forms those of `formats` (a later chapter's).
 pub fn main_with(argv: Vec<OsString>, archs: Architectures, formats: Arc<dyn Formats>) {
-    let args = match settings::parse_from::<Production>(argv, "config") {
-        Ok(flags) => {
-            let mut args = flags.args(archs);
-            args.serve.formats = formats;
-            args
-        }
+    let flags: Production = parse_or_exit(argv);
+    let mut args = flags.args(archs);
+    args.serve.formats = formats;
+    run_checked::<Production>(&args);
+}
+
+/// The flags `P` (a server's: these, or a later chapter's around them) from `argv`, the
+/// environment and the configuration file; exit 2 with a message when they are bad.
+pub fn parse_or_exit<P: Parser>(argv: Vec<OsString>) -> P {
+    match settings::parse_from::<P>(argv, "config") {
+        Ok(flags) => flags,
         Err(settings::ConfigError::Clap(e)) => e.exit(),
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(2);
         }
-    };
+    }
+}
+
+/// Check `args` (exit 2 naming the flag of `P` that is wrong), then run the server.
+pub fn run_checked<P: CommandFactory>(args: &Args) {
     if let Err(e) = args.check() {
-        Production::command()
+        P::command()
             .error(clap::error::ErrorKind::ValueValidation, e)
             .exit();
     }
-    ch12::run_logged(&args);
+    ch12::run_logged(args);
 }

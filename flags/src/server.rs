@@ -81,6 +81,7 @@ impl Server {
             cache: self.cache.types(),
             archs,
             formats: std::sync::Arc::new(ch11::TextOnly),
+            guessing: std::sync::Arc::new(ch11::NoGuessing),
         }
     }
 }

@@ -1,14 +1,17 @@
 //! Chapter 16's engine: chapter 15's flags and speculative decoding's (`--spec`,
 //! `--draft-model`, `--draft-max`; llama.cpp's names where it has them), turned into chapter
-//! 16's [`SpecArgs`].
+//! 16's [`SpecArgs`]; and chapter 12's server with chapter 15's output forms and `--spec
+//! ngram` ([`LookupGuessing`]).
 
+use crate::production::{self, Production};
 use crate::scaling;
 use crate::structured::Structured;
-use ch16::Architectures;
 use ch16::runner::{self, DRAFT_MAX, SpecArgs, SpecKind};
+use ch16::{Architectures, LookupGuessing};
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Run a GGUF model: complete a prompt, or chat — guessing tokens ahead if asked.
 #[derive(Parser, Debug, Clone)]
@@ -74,3 +77,61 @@ pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
         std::process::exit(1);
     }
 }
+
+// ANCHOR: serve_flags
+/// The production server's flags and the server's speculation.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "production",
+    about = "Serve GGUF models over HTTP with OpenAI's API: metrics, logs, a graceful shutdown; \
+             requests may ask for JSON or a grammar; --spec ngram guesses tokens ahead.",
+    long_about = None,
+    after_help = production::SETTINGS_HELP,
+    max_term_width = 100
+)]
+pub struct SpeculativeServer {
+    #[command(flatten)]
+    pub production: Production,
+    /// Speculative decoding for every request: ngram guesses what followed the last tokens
+    /// earlier in the request's prompt or output, checked in the same step (the output does
+    /// not change). A request's `speculative.n_max` lowers its guesses, 0 turns them off.
+    /// (llama.cpp: --spec-type ngram-simple.)
+    #[arg(long, visible_alias = "spec-type", value_enum, default_value = "none")]
+    pub spec: ServeSpec,
+    /// Most tokens a request guesses per step (llama.cpp: --spec-draft-n-max).
+    #[arg(long, visible_alias = "spec-draft-n-max", default_value_t = DRAFT_MAX)]
+    pub draft_max: usize,
+    /// Guesses checked each step whatever they cost; past these, only those expected to pay
+    /// for their rows are (llama.cpp: --spec-draft-n-min).
+    #[arg(long, visible_alias = "spec-draft-n-min", default_value_t = 0)]
+    pub draft_min: usize,
+}
+
+/// `--spec` of the server: prompt lookup or nothing (a draft model in the server would need a
+/// draft cache per request, which chapter 16 leaves for later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ServeSpec {
+    None,
+    #[value(alias = "ngram-simple")]
+    Ngram,
+}
+
+/// `llm-rs serve`: chapter 12's server with chapter 15's output forms and, with `--spec
+/// ngram`, each request's guesses checked in the continuous batch.
+pub fn serve_from(argv: Vec<OsString>, archs: Architectures) {
+    let flags: SpeculativeServer = production::parse_or_exit(argv);
+    let mut args = flags.production.args(archs);
+    args.serve.formats = Arc::new(ch16::Structured::default());
+    if flags.spec == ServeSpec::Ngram {
+        if flags.draft_max == 0 {
+            eprintln!("error: --draft-max 0 guesses nothing: give at least 1, or --spec none");
+            std::process::exit(2);
+        }
+        args.serve.guessing = Arc::new(LookupGuessing {
+            draft_max: flags.draft_max,
+            draft_min: flags.draft_min,
+        });
+    }
+    production::run_checked::<SpeculativeServer>(&args);
+}
+// ANCHOR_END: serve_flags

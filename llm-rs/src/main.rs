@@ -8,7 +8,8 @@
 //! - `llm-rs chat [--model PATH]`: a conversation, one message per line of standard input;
 //! - `llm-rs serve [--port 8080] …`: the production server (chapter 12's, its flags,
 //!   environment variables and configuration file), whose requests may ask for JSON
-//!   (`response_format`) or a grammar (chapter 15's);
+//!   (`response_format`) or a grammar (chapter 15's), and which guesses tokens ahead with
+//!   `--spec ngram` (chapter 16's);
 //! - `llm-rs inspect [PATH]`: what a GGUF file holds (chapter 1's summary, the configuration),
 //!   and whether this engine runs its architecture.
 //!
@@ -111,10 +112,8 @@ fn main() {
         Command::Chat { args } => {
             flags::speculative::main_from(argv("llm-rs chat", &["--chat"], args), archs)
         }
-        Command::Serve { args } => flags::production::main_with(
-            argv("llm-rs serve", &[], args),
-            archs,
-            std::sync::Arc::new(ch16::Structured::default()),
-        ),
+        Command::Serve { args } => {
+            flags::speculative::serve_from(argv("llm-rs serve", &[], args), archs)
+        }
     }
 }

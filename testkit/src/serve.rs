@@ -41,3 +41,42 @@ pub fn serve(command: &mut Command, timeout: Duration) -> (Served, String) {
         .expect("the server says where it listens");
     (served, base)
 }
+
+/// `llm-rs serve --port 0 ARGS…` on 127.0.0.1 ([`serve`]), on the default model unless `args`
+/// name one, returned once it answers `/ready` with 200 (its model loaded): the finished
+/// engine's server for a test. Panics if it is not ready within `timeout`.
+pub fn llm_rs_serve(args: &[&str], timeout: Duration) -> (Served, String) {
+    let started = std::time::Instant::now();
+    let mut command = Command::new(crate::program("llm-rs", crate::Target::Bin, "llm-rs", &[]));
+    command.arg("serve").args(["--port", "0"]).args(args);
+    if !args.contains(&"--model") {
+        let model = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+        command.arg("--model").arg(model);
+    }
+    let (served, base) = serve(&mut command, timeout);
+    while !ready(&base) {
+        assert!(
+            started.elapsed() < timeout,
+            "{base}: not ready within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (served, base)
+}
+
+/// Whether the server at `base` (`http://HOST:PORT`) answers `GET /ready` with 200: a bare
+/// HTTP/1.0 request, so that this kit needs no HTTP client.
+fn ready(base: &str) -> bool {
+    use std::io::{Read, Write};
+    let Some(addr) = base.strip_prefix("http://") else {
+        panic!("{base}: not an http:// address")
+    };
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut head = [0u8; 12];
+    s.write_all(b"GET /ready HTTP/1.0\r\n\r\n").is_ok()
+        && s.read_exact(&mut head).is_ok()
+        && head.ends_with(b" 200")
+}

@@ -228,6 +228,23 @@ impl PagedCache {
         Ok(())
     }
 
+    // ANCHOR: truncate
+    /// Forget `seq`'s positions from `n` on, releasing the blocks past the one that holds
+    /// position `n - 1`; nothing is copied. A block other sequences share only loses this
+    /// sequence's reference, and if the new last block is shared, the next write to it copies
+    /// it first ([`reserve`](KvStore::reserve)'s copy-on-write), so what they read never
+    /// changes: how guesses that turned out wrong are taken back.
+    pub fn truncate(&mut self, seq: usize, n: usize) {
+        let bs = self.block_size;
+        if let Some(t) = self.tables.get_mut(seq).and_then(|t| t.as_mut()) {
+            t.len = t.len.min(n);
+            for b in t.blocks.drain(t.len.div_ceil(bs)..) {
+                self.allocator.release(b);
+            }
+        }
+    }
+    // ANCHOR_END: truncate
+
     /// Drop sequence `seq`, releasing its blocks.
     pub fn free(&mut self, seq: usize) {
         if let Some(t) = self.tables.get_mut(seq).and_then(|t| t.take()) {

@@ -1,5 +1,5 @@
 //! Property tests of the paged cache and its block allocator: random sequences of appends,
-//! forks and frees never hand a block out twice, never lose one, never let a reference count go
+//! forks, truncations and frees never hand a block out twice, never lose one, never let a reference count go
 //! below zero, and every sequence reads back exactly what was written for it.
 
 use ch05::{KvRows, KvStore, KvView, PagedCache};
@@ -13,6 +13,7 @@ const KV_DIM: usize = 3;
 enum Op {
     Append { seq: usize, n: usize },
     Fork { src: usize, dst: usize, frac: f64 },
+    Truncate { seq: usize, frac: f64 },
     Free { seq: usize },
 }
 
@@ -20,6 +21,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0usize..6, 1usize..12).prop_map(|(seq, n)| Op::Append { seq, n }),
         2 => (0usize..6, 0usize..6, 0.0f64..=1.0).prop_map(|(src, dst, frac)| Op::Fork { src, dst, frac }),
+        2 => (0usize..6, 0.0f64..=1.0).prop_map(|(seq, frac)| Op::Truncate { seq, frac }),
         1 => (0usize..6).prop_map(|seq| Op::Free { seq }),
     ]
 }
@@ -123,6 +125,15 @@ proptest! {
                         model.insert(dst, toks[..n].to_vec());
                     } else {
                         prop_assert!(cache.fork(src, dst, 0).is_err());
+                    }
+                }
+                Op::Truncate { seq, frac } => {
+                    // A truncated sequence keeps its first n tokens; whoever shared the
+                    // positions after them keeps reading its own.
+                    if let Some(toks) = model.get_mut(&seq) {
+                        let n = (toks.len() as f64 * frac) as usize;
+                        cache.truncate(seq, n);
+                        toks.truncate(n);
                     }
                 }
                 Op::Free { seq } => {

@@ -32,9 +32,19 @@
 //!   `submit` refuses a request that could not fit in the whole pool. So request `r` is done
 //!   within `a_r + Σ_{j ≤ r} (prompt_j + max_tokens_j)` steps, `a_r` being the step it arrived
 //!   at: every request ahead of it finishes first, then it runs alone at the front.
+//! - **Guesses.** A request with a [`Proposer`] may check guessed tokens after its decode
+//!   token, in the same step. Guesses get only what is left when everything above is planned
+//!   — budget, and free blocks (never an eviction or a preemption) — so they change none of
+//!   the promises above; and only as many as are expected to pay for their rows, from what
+//!   the recent steps cost ([`StepCost`](crate::cost::StepCost)) and how often the request's
+//!   guesses held. The rows after a wrong guess are dropped and the sequence's cache is
+//!   truncated to the tokens kept ([`PagedCache::truncate`]); every token is still sampled by
+//!   the request's own generator from the row plain decoding computes, so its output does not
+//!   change.
 
+use crate::cost::{StepCost, worth_checking};
 use crate::prefix::PrefixCache;
-use crate::request::{Finished, Request, RequestId};
+use crate::request::{Finished, Proposer, Request, RequestId};
 use ch06::{
     BadSamplerParam, Batch, CacheTypes, ForwardError, Generator, Model, NoObserver, NonFinite,
     PagedCache, Scratch, StopReason, Tokenizer,
@@ -214,6 +224,9 @@ pub struct StepReport {
     pub preempted: usize,
     /// Prefix-cache blocks evicted this step.
     pub evicted: usize,
+    /// Guessed tokens checked this step, and those the model agreed with.
+    pub proposed: usize,
+    pub accepted: usize,
     /// Requests that finished this step, oldest first.
     pub finished: Vec<Finished>,
 }
@@ -229,6 +242,9 @@ pub struct Stats {
     pub generated_tokens: usize,
     pub preemptions: usize,
     pub evicted_blocks: usize,
+    /// Guessed tokens checked, and those the model agreed with.
+    pub proposed_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// A request the scheduler holds, waiting or running.
@@ -249,7 +265,27 @@ struct Seq<'t> {
     ttft: Option<Duration>,
     /// The prefix cache's partition this request reads and fills.
     cache_salt: u64,
+    max_tokens: usize,
+    /// Who guesses its next tokens, if anyone; this step's guesses; how they fared so far.
+    proposer: Option<Box<dyn Proposer + Send + 't>>,
+    guesses: Vec<u32>,
+    proposed: usize,
+    accepted: usize,
+    /// The chance its next guess holds, as its recent guesses say, and the steps since one was
+    /// last checked.
+    hold: f64,
+    unchecked: usize,
 }
+
+/// What a request's guesses are expected to do before any is checked.
+const HOLD_PRIOR: f64 = 0.5;
+/// How far each checked guess moves `hold` towards what happened to it: about the last 5
+/// guesses count.
+const HOLD_LEARN: f64 = 0.2;
+/// Steps after which a request whose guesses were all judged not worth checking has one checked
+/// anyway: without it a request whose guesses once failed would never be tried again, even when
+/// its text starts to copy. One row in this many steps costs a few percent at most.
+const PROBE_EVERY: usize = 32;
 
 impl Seq<'_> {
     fn pending(&self) -> usize {
@@ -258,13 +294,32 @@ impl Seq<'_> {
     fn is_decoding(&self) -> bool {
         self.slot.is_some() && self.pending() == 1
     }
+
+    /// After a step that checked `proposed` guesses and kept the first `kept`: the cache keeps
+    /// the positions of those, the ones after them go, and the proposer hears how it did.
+    fn keep_guesses(&mut self, proposed: usize, kept: usize, kv: &mut PagedCache) {
+        self.n_kv += kept;
+        if kept < proposed {
+            kv.truncate(self.slot.expect("planned sequences run"), self.n_kv);
+        }
+        self.proposed += proposed;
+        self.accepted += kept;
+        for held in std::iter::repeat_n(1.0, kept).chain((kept < proposed).then_some(0.0)) {
+            self.hold += HOLD_LEARN * (held - self.hold);
+        }
+        if let Some(p) = self.proposer.as_mut() {
+            p.checked(proposed, kept);
+        }
+    }
 }
 
-/// One entry of a step's plan: `n` tokens of `seqs[seq]`, needing `blocks` new KV blocks.
+/// One entry of a step's plan: `n` tokens of `seqs[seq]` and the first `guesses` of its
+/// guesses, needing `blocks` new KV blocks.
 #[derive(Debug, Clone, Copy)]
 struct Chunk {
     seq: usize,
     n: usize,
+    guesses: usize,
     blocks: usize,
 }
 
@@ -285,6 +340,8 @@ pub struct Scheduler<'m, M: BatchModel> {
     batch: Batch,
     plan: Vec<Chunk>,
     scratch: M::Scratch,
+    /// What the recent steps cost, for deciding which guesses pay.
+    cost: StepCost,
 }
 // ANCHOR_END: scheduler
 
@@ -331,6 +388,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             batch: Batch::default(),
             plan: Vec::new(),
             scratch: M::Scratch::default(),
+            cost: StepCost::default(),
             config,
         })
     }
@@ -392,6 +450,27 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         request: Request,
         cache_salt: u64,
     ) -> Result<RequestId, SchedulerError> {
+        self.submit_with(request, cache_salt, None)
+    }
+
+    /// [`submit_salted`](Self::submit_salted), with `proposer` guessing the request's next
+    /// tokens (see the module docs): its output is the same, in fewer steps where the guesses
+    /// hold.
+    pub fn submit_guessing(
+        &mut self,
+        request: Request,
+        cache_salt: u64,
+        proposer: Box<dyn Proposer + Send + 'm>,
+    ) -> Result<RequestId, SchedulerError> {
+        self.submit_with(request, cache_salt, Some(proposer))
+    }
+
+    fn submit_with(
+        &mut self,
+        request: Request,
+        cache_salt: u64,
+        proposer: Option<Box<dyn Proposer + Send + 'm>>,
+    ) -> Result<RequestId, SchedulerError> {
         let Request { prompt, params } = request;
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
@@ -447,6 +526,13 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             submitted: Instant::now(),
             ttft: None,
             cache_salt,
+            max_tokens: params.max_tokens,
+            proposer,
+            guesses: Vec::new(),
+            proposed: 0,
+            accepted: 0,
+            hold: HOLD_PRIOR,
+            unchecked: 0,
         });
         Ok(id)
     }
@@ -467,7 +553,9 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     pub fn step(&mut self, sink: &mut dyn Sink) -> Result<StepReport, SchedulerError> {
         let mut report = StepReport::default();
         let mut plan = std::mem::take(&mut self.plan);
-        self.plan(&mut plan, &mut report);
+        let mut budget = self.config.max_batch_tokens;
+        self.plan(&mut plan, &mut budget, &mut report);
+        self.plan_guesses(&mut plan, budget)?;
         if plan.is_empty() && self.seqs.iter().any(|s| s.out.stop.is_none()) {
             // Cannot happen: the oldest request can always run (see the module docs).
             return Err(SchedulerError::Stalled);
@@ -483,13 +571,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 self.batch
                     .push(s.tokens[pos], slot, pos, pos + 1 == s.tokens.len());
             }
+            // Guesses follow the decode token, each with its row of logits.
+            for (j, &g) in s.guesses[..c.guesses].iter().enumerate() {
+                self.batch.push(g, slot, s.tokens.len() + j, true);
+            }
         }
+        let started = Instant::now();
         let logits: &[f32] = if self.batch.is_empty() {
             &[]
         } else {
             self.model
                 .forward_batch(&self.batch, &mut self.kv, &mut self.scratch)?
         };
+        self.cost.add(self.batch.len(), started.elapsed());
         self.stats.steps += 1;
         self.stats.computed_tokens += self.batch.len();
         report.n_tokens = self.batch.len();
@@ -497,30 +591,47 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         // ANCHOR_END: step
 
         // ANCHOR: step_sample
-        // Sample for every sequence whose chunk reached its end, in batch order.
+        // Sample for every sequence whose chunk reached its end, in batch order: from the row
+        // of its last token, then from the row of each guess while the token sampled before
+        // it equals it.
         let vocab = self.model.vocab_size();
         let mut rows = logits.chunks_exact(vocab);
         for c in &plan {
             let s = &mut self.seqs[c.seq];
             s.n_kv += c.n;
-            s.computed_tokens += c.n;
+            s.computed_tokens += c.n + c.guesses;
             if s.n_kv < s.tokens.len() {
                 continue; // a prompt chunk that is not the last
             }
-            let row = rows.next().expect("one logits row per completed sequence");
-            // A NaN from broken weights would be sampled as some token and printed as
-            // garbage; the model's weights are shared, so the step fails for everyone.
-            NonFinite::check(row, s.out.ids.len(), &s.tokens)
-                .map_err(|e| SchedulerError::Forward(e.into()))?;
-            let (token, text) = s.out.sample(row, &s.tokens);
-            s.ttft.get_or_insert_with(|| s.submitted.elapsed());
-            s.tokens.push(token);
-            self.stats.generated_tokens += 1;
-            sink.token(s.id, token, row);
-            if !text.is_empty() {
-                sink.text(s.id, &text);
+            let (mut kept, mut done) = (0, false);
+            for (r, row) in rows.by_ref().take(1 + c.guesses).enumerate() {
+                if done {
+                    continue; // computed after a wrong guess: dropped
+                }
+                // A NaN from broken weights would be sampled as some token and printed as
+                // garbage; the model's weights are shared, so the step fails for everyone.
+                NonFinite::check(row, s.out.ids.len(), &s.tokens)
+                    .map_err(|e| SchedulerError::Forward(e.into()))?;
+                let (token, text) = s.out.sample(row, &s.tokens);
+                s.ttft.get_or_insert_with(|| s.submitted.elapsed());
+                s.tokens.push(token);
+                self.stats.generated_tokens += 1;
+                sink.token(s.id, token, row);
+                if !text.is_empty() {
+                    sink.text(s.id, &text);
+                }
+                let held = r < c.guesses && s.guesses[r] == token;
+                kept += usize::from(held);
+                done = !held || s.out.stop.is_some();
+            }
+            if c.guesses > 0 {
+                s.keep_guesses(c.guesses, kept, &mut self.kv);
+                report.proposed += c.guesses;
+                report.accepted += kept;
             }
         }
+        self.stats.proposed_tokens += report.proposed;
+        self.stats.accepted_tokens += report.accepted;
         // Offer the newly filled blocks of prompts to the prefix cache, so that requests
         // arriving meanwhile with the same beginning find them.
         for c in &plan {
@@ -537,20 +648,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
 
     // ANCHOR: plan
     /// Decide this step's batch: decodes first, then prompt chunks and admissions oldest
-    /// first, preempting and evicting as the module docs describe.
-    fn plan(&mut self, plan: &mut Vec<Chunk>, report: &mut StepReport) {
-        let mut budget = self.config.max_batch_tokens;
+    /// first, preempting and evicting as the module docs describe, within `budget` tokens.
+    fn plan(&mut self, plan: &mut Vec<Chunk>, budget: &mut usize, report: &mut StepReport) {
         // Requests that are done already (max_tokens 0) are not scheduled.
         let live = |s: &Seq| s.out.stop.is_none();
 
         for i in 0..self.seqs.len() {
             if live(&self.seqs[i]) && self.seqs[i].is_decoding() {
-                match self.make_room(i, 1, plan, &mut budget, report) {
+                match self.make_room(i, 1, plan, budget, report) {
                     Some(c) => {
-                        budget -= 1;
+                        *budget -= 1;
                         plan.push(c);
                     }
-                    None => self.preempt(i, plan, &mut budget, report),
+                    None => self.preempt(i, plan, budget, report),
                 }
             }
         }
@@ -567,24 +677,24 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 }
                 // Only the oldest request takes a slot or budget from newer running ones.
                 while i == 0
-                    && (self.free_slots.is_empty() || budget == 0)
+                    && (self.free_slots.is_empty() || *budget == 0)
                     && let Some(j) = self.newest_running_after(i)
                 {
-                    self.preempt(j, plan, &mut budget, report);
+                    self.preempt(j, plan, budget, report);
                 }
-                if self.free_slots.is_empty() || budget == 0 {
+                if self.free_slots.is_empty() || *budget == 0 {
                     admitting = false; // first come, first served: nobody overtakes it
                     continue;
                 }
                 self.admit(i, report);
             }
-            if budget == 0 {
+            if *budget == 0 {
                 continue;
             }
-            let want = self.seqs[i].pending().min(budget);
-            match self.make_room(i, want, plan, &mut budget, report) {
+            let want = self.seqs[i].pending().min(*budget);
+            match self.make_room(i, want, plan, budget, report) {
                 Some(c) => {
-                    budget -= c.n;
+                    *budget -= c.n;
                     plan.push(c);
                 }
                 None if waiting => {
@@ -597,6 +707,59 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         }
     }
     // ANCHOR_END: plan
+
+    // ANCHOR: plan_guesses
+    /// Give what is left of the budget to guesses, oldest request first: each decode of a
+    /// request with a proposer checks as many as its proposer offers, up to the budget left,
+    /// the free blocks (no eviction, no preemption for a guess) and its token limit — the last
+    /// guess's row gives one more token, so a request that may generate `r` more checks at most
+    /// `r - 1`, and stays within the positions [`submit`](Self::submit) checked — and of those,
+    /// only the ones [`worth_checking`] at what steps cost now.
+    fn plan_guesses(&mut self, plan: &mut [Chunk], mut budget: usize) -> Result<(), ForwardError> {
+        let (bs, line) = (self.config.block_size, self.cost.line());
+        // Rows in the step, and how many of them are expected to be kept.
+        let mut rows = plan.iter().map(|c| c.n).sum::<usize>() as f64;
+        let mut useful = rows;
+        for c in 0..plan.len() {
+            let i = plan[c].seq;
+            if budget == 0 {
+                break;
+            }
+            if self.seqs[i].proposer.is_none() || !self.seqs[i].is_decoding() {
+                continue;
+            }
+            let planned: usize = plan.iter().map(|c| c.blocks).sum();
+            let blocks =
+                self.blocks_held(i) + plan[c].blocks + self.kv.allocator.n_free() - planned;
+            let s = &mut self.seqs[i];
+            let left = s.max_tokens - s.out.ids.len() - 1;
+            let max = left.min(budget).min(blocks * bs - s.n_kv - 1);
+            let Some(proposer) = s.proposer.as_mut().filter(|_| max > 0) else {
+                continue;
+            };
+            s.guesses.clear();
+            proposer.propose(&s.tokens, max, &mut s.guesses)?;
+            // A token outside the vocabulary would index past the embedding table.
+            let vocab = self.model.vocab_size();
+            let offered = s.guesses[..s.guesses.len().min(max)]
+                .iter()
+                .take_while(|&&g| (g as usize) < vocab)
+                .count();
+            let mut k = worth_checking(offered, s.hold, rows, useful, line);
+            k = k.max(proposer.at_least().min(offered));
+            s.unchecked = if k > 0 { 0 } else { s.unchecked + 1 };
+            if s.unchecked >= PROBE_EVERY && offered > 0 {
+                (k, s.unchecked) = (1, 0);
+            }
+            rows += k as f64;
+            useful += (1..=k as i32).map(|j| s.hold.powi(j)).sum::<f64>();
+            budget -= k;
+            plan[c].guesses = k;
+            plan[c].blocks = self.blocks_for(i, 1 + k);
+        }
+        Ok(())
+    }
+    // ANCHOR_END: plan_guesses
 
     fn newest_running_after(&self, i: usize) -> Option<usize> {
         (i + 1..self.seqs.len())
@@ -637,6 +800,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 return Some(Chunk {
                     seq: i,
                     n: want,
+                    guesses: 0,
                     blocks: need,
                 });
             }
@@ -653,6 +817,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 return Some(Chunk {
                     seq: i,
                     n,
+                    guesses: 0,
                     blocks: self.blocks_for(i, n),
                 });
             }
@@ -787,6 +952,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             cached_tokens: s.cached_tokens,
             computed_tokens: s.computed_tokens,
             preemptions: s.preemptions,
+            proposed: s.proposed,
+            accepted: s.accepted,
             ttft: s.ttft.unwrap_or(latency),
             latency,
         }

@@ -13,16 +13,22 @@
 //! the prefix cache), and the prefix cache is a well-formed radix tree. At the end: every
 //! request's tokens and text equal the reference, every request finished within the starvation
 //! bound of the policy, and once the prefix cache is cleared every block is free.
+//!
+//! Some requests guess: an oracle that knows the reference proposes a random number of the
+//! next tokens, some of them made wrong on purpose. The same promises hold for them, with the
+//! cache truncated past every wrong guess (the fake model checks every position it reads).
 
 use ch07::ch03::attention::reserve_batch;
 use ch07::{
-    Batch, BatchModel, ForwardError, GenParams, GgufFile, KvStore, KvView, PagedCache, Request,
-    SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer, generate,
+    Batch, BatchModel, ForwardError, GenParams, GgufFile, KvStore, KvView, PagedCache, Proposer,
+    Request, SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer,
+    generate,
 };
 use proptest::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Token ids 0..VOCAB of the real vocabulary: control tokens (0 and 2 end generation) and
 /// single characters, so generations end early sometimes and stop strings can match.
@@ -133,6 +139,49 @@ struct Req {
     prompt: Vec<u32>,
     params: GenParams,
     arrival: usize, // steps run before it is submitted
+    /// Guesses from an [`Oracle`] with this seed, if any, and how often (in 8) one is wrong.
+    guess: Option<(u64, u64)>,
+}
+
+/// Guesses the next tokens of the reference output (`want`: prompt and reference ids), a
+/// pseudo-random number of them each step, each one made wrong with a chance of `wrong` in 8;
+/// past the reference's end, anything (counted in `beyond`).
+struct Oracle {
+    want: Vec<u32>,
+    state: u64,
+    wrong: u64,
+    beyond: Arc<AtomicUsize>,
+}
+
+impl Proposer for Oracle {
+    fn propose(
+        &mut self,
+        tokens: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ForwardError> {
+        assert_eq!(
+            tokens,
+            &self.want[..tokens.len()],
+            "the scheduler's tokens are the reference's"
+        );
+        self.state = mix(self.state);
+        let n = (self.state % (max as u64 + 1)) as usize;
+        for j in 0..n {
+            self.state = mix(self.state);
+            let right = self.want.get(tokens.len() + j).copied().unwrap_or_else(|| {
+                self.beyond.fetch_add(1, Ordering::Relaxed);
+                17
+            });
+            let wrong = self.state % 8 < self.wrong;
+            out.push(if wrong {
+                (right + 1) % VOCAB as u32
+            } else {
+                right
+            });
+        }
+        Ok(())
+    }
 }
 
 fn req() -> impl Strategy<Value = Req> {
@@ -156,8 +205,9 @@ fn req() -> impl Strategy<Value = Req> {
             ..SamplerParams::default()
         }),
     ];
-    (head, tail, 0usize..12, stop, sampler, 0usize..12).prop_map(
-        |(head, tail, max_tokens, stop, sampler, arrival)| {
+    let guess = prop_oneof![Just(None), (0u64..1000, 0u64..=8).prop_map(Some)];
+    (head, tail, 0usize..12, stop, sampler, 0usize..12, guess).prop_map(
+        |(head, tail, max_tokens, stop, sampler, arrival, guess)| {
             let mut prompt = [head, tail].concat();
             if prompt.is_empty() {
                 prompt.push(40);
@@ -171,6 +221,7 @@ fn req() -> impl Strategy<Value = Req> {
                     rule: None,
                 },
                 arrival,
+                guess,
             }
         },
     )
@@ -236,10 +287,21 @@ proptest! {
         let mut sink = Collect::default();
         let mut finished = HashMap::new();
         let mut submitted = 0;
+        let beyond: Vec<Arc<AtomicUsize>> = reqs.iter().map(|_| Arc::default()).collect();
+        let wants: Vec<_> = reqs.iter().map(|r| generate(&mut FakeSession(Vec::new()), tok, &r.prompt, &r.params, &mut |_| {}).unwrap()).collect();
         while submitted < reqs.len() || !s.is_idle() {
             while submitted < reqs.len() && reqs[submitted].arrival <= s.stats().steps {
                 let r = &reqs[submitted];
-                let id = s.submit(Request { prompt: r.prompt.clone(), params: r.params.clone() }).unwrap();
+                let request = Request { prompt: r.prompt.clone(), params: r.params.clone() };
+                let id = match r.guess {
+                    None => s.submit(request),
+                    Some((seed, wrong)) => {
+                        let want = [r.prompt.as_slice(), &wants[submitted].ids].concat();
+                        let beyond = Arc::clone(&beyond[submitted]);
+                        let oracle = Oracle { want, state: seed, wrong, beyond };
+                        s.submit_guessing(request, 0, Box::new(oracle))
+                    }
+                }.unwrap();
                 prop_assert_eq!(id, submitted);
                 submitted += 1;
             }
@@ -259,7 +321,17 @@ proptest! {
         let mut bound = 0;
         for (id, r) in reqs.iter().enumerate() {
             let (f, done_at) = &finished[&id];
-            let want = generate(&mut FakeSession(Vec::new()), tok, &r.prompt, &r.params, &mut |_| {}).unwrap();
+            let want = &wants[id];
+            prop_assert!(f.accepted <= f.proposed);
+            if r.guess.is_none() {
+                prop_assert_eq!(f.proposed, 0);
+            }
+            if r.guess.is_some_and(|(_, wrong)| wrong == 0) {
+                // Every guess within the reference holds; only those offered after its end
+                // (checked or not: the scheduler checks fewer when they do not pay) can fail.
+                let beyond = beyond[id].load(Ordering::Relaxed);
+                prop_assert!(f.proposed - f.accepted <= beyond, "request {}: a right guess failed", id);
+            }
             prop_assert_eq!(&f.ids, &want.ids, "request {}: tokens", id);
             prop_assert_eq!(&f.text, &want.text, "request {}: text", id);
             prop_assert_eq!(f.stop, want.stop);

@@ -6,7 +6,7 @@
 //! body or a wrong type is a 400 naming line, column and field), then [`Sampling::params`]
 //! checks the values and turns them into chapter 4's [`GenParams`].
 
-use ch10::{GenParams, MakeRule, Message, SamplerParams, StopReason};
+use ch10::{GenParams, MakeRule, Message, Proposer, SamplerParams, StopReason};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -62,6 +62,13 @@ pub struct Sampling {
     pub response_format: Option<Value>,
     /// llama-server's field: a GBNF grammar the output must follow, where [`Formats`] accept it.
     pub grammar: Option<Value>,
+    /// llama-server's field: most tokens guessed ahead per step for this request (0: none),
+    /// where the server guesses ([`Guessing`]); the server's own limit bounds it.
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Option<u64>,
+    /// llama-server's field: guesses to check each step whatever they cost.
+    #[serde(rename = "speculative.n_min")]
+    pub speculative_n_min: Option<u64>,
     /// Refused unless they ask for what the server does anyway (see [`UNSUPPORTED`]).
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<Value>,
@@ -133,6 +140,28 @@ impl Formats for TextOnly {
     }
 }
 // ANCHOR_END: formats
+
+// ANCHOR: guessing
+/// Who guesses a request's next tokens for chapter 7's scheduler to check ([`Proposer`]). The
+/// server holds one value of this ([`ServeArgs::guessing`](crate::ServeArgs::guessing)): this
+/// chapter's [`NoGuessing`], or one that a later chapter hands in. Guesses never change what a
+/// request generates, only how many steps it takes.
+pub trait Guessing: Send + Sync + std::fmt::Debug {
+    /// A proposer for a request whose `speculative.n_max` and `speculative.n_min` are `n_max`
+    /// and `n_min` (`None` where absent): `None` for no guessing.
+    fn proposer(&self, n_max: Option<u64>, n_min: Option<u64>) -> Option<Box<dyn Proposer + Send>>;
+}
+
+/// Guesses nothing: every request decodes a token a step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoGuessing;
+
+impl Guessing for NoGuessing {
+    fn proposer(&self, _: Option<u64>, _: Option<u64>) -> Option<Box<dyn Proposer + Send>> {
+        None
+    }
+}
+// ANCHOR_END: guessing
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -493,16 +522,29 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens found in the prefix cache.
     pub cached_tokens: usize,
+    /// Tokens guessed ahead and checked, and those the model agreed with.
+    pub proposed_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 impl Usage {
+    /// OpenAI's usage object. A request whose tokens were guessed ahead also gets
+    /// `completion_tokens_details` with OpenAI's names for guessed tokens kept and thrown away
+    /// (`accepted_prediction_tokens`, `rejected_prediction_tokens`).
     pub fn to_json(self) -> Value {
-        json!({
+        let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
-        })
+        });
+        if self.proposed_tokens > 0 {
+            v["completion_tokens_details"] = json!({
+                "accepted_prediction_tokens": self.accepted_tokens,
+                "rejected_prediction_tokens": self.proposed_tokens - self.accepted_tokens,
+            });
+        }
+        v
     }
 }
 

@@ -21,7 +21,7 @@ pub mod api;
 pub mod server;
 pub mod worker;
 
-pub use api::{Formats, TextOnly};
+pub use api::{Formats, Guessing, NoGuessing, TextOnly};
 use ch10::engine::BLOCK_SIZE;
 pub use server::{AppState, Limits, Loaded, Tenant};
 use std::error::Error;
@@ -78,6 +78,9 @@ pub struct ServeArgs {
     /// The output forms requests may ask for: plain text ([`TextOnly`]), unless a later
     /// chapter hands in more.
     pub formats: Arc<dyn Formats>,
+    /// Who guesses requests' next tokens: nobody ([`NoGuessing`]), unless a later chapter
+    /// hands in a proposer.
+    pub guessing: Arc<dyn Guessing>,
 }
 // ANCHOR_END: args
 
@@ -103,6 +106,7 @@ impl Default for ServeArgs {
             cache: ch10::CacheTypes::F32,
             archs: ch10::architectures(),
             formats: Arc::new(TextOnly),
+            guessing: Arc::new(NoGuessing),
         }
     }
 }
@@ -212,6 +216,7 @@ pub fn load_observed(
         max_text_bytes,
         body_limit,
         formats: Arc::clone(&args.formats),
+        guessing: Arc::clone(&args.guessing),
     })
 }
 // ANCHOR_END: load_worker

@@ -9,7 +9,8 @@
 //! stream is dropped — which is what happens when a client disconnects.
 
 use crate::api::{
-    ApiError, ChatRequest, CompletionRequest, Endpoint, Formats, Head, Prompt, Sampling, Usage,
+    ApiError, ChatRequest, CompletionRequest, Endpoint, Formats, Guessing, Head, Prompt, Sampling,
+    Usage,
 };
 use crate::worker::{Event, Job, Ticket, Worker};
 use axum::Router;
@@ -20,7 +21,7 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ch10::{Engine, GenParams, Message};
+use ch10::{Engine, GenParams, Message, Proposer};
 use futures_util::stream::{self, Stream};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -69,6 +70,8 @@ pub struct Loaded {
     pub body_limit: usize,
     /// The output forms requests may ask for ([`ServeArgs::formats`](crate::ServeArgs)).
     pub formats: Arc<dyn Formats>,
+    /// Who guesses requests' next tokens ([`ServeArgs::guessing`](crate::ServeArgs)).
+    pub guessing: Arc<dyn Guessing>,
 }
 
 /// Most bytes of text that `n_ctx` tokens can cover: no token covers more than the longest
@@ -469,6 +472,10 @@ async fn chat(
         let mut request =
             Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
         request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
+        request.proposer = l.guessing.proposer(
+            req.sampling.speculative_n_max,
+            req.sampling.speculative_n_min,
+        );
         generate(&s, l, request).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -550,6 +557,10 @@ async fn completions(
             &req.sampling,
         );
         request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
+        request.proposer = l.guessing.proposer(
+            req.sampling.speculative_n_max,
+            req.sampling.speculative_n_min,
+        );
         generate(&s, l, request).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -585,6 +596,8 @@ struct Generate {
     include_usage: bool,
     /// The prefix cache's partition ([`Tenant`]).
     cache_salt: u64,
+    /// Who guesses its next tokens ([`Guessing`]), if anyone.
+    proposer: Option<Box<dyn Proposer + Send>>,
 }
 
 impl Generate {
@@ -608,6 +621,7 @@ impl Generate {
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
             cache_salt: 0,
+            proposer: None,
         }
     }
 }
@@ -624,6 +638,7 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         stream,
         include_usage,
         cache_salt,
+        proposer,
     } = request;
     let param = match endpoint {
         Endpoint::Chat => "messages",
@@ -680,6 +695,7 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         params,
         deadline: Instant::now() + s.limits.timeout,
         cache_salt,
+        proposer,
         events: tx,
     };
     place.ticket = Some(
@@ -719,6 +735,8 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
                     prompt_tokens,
                     completion_tokens: o.completion_tokens,
                     cached_tokens: o.cached_tokens,
+                    proposed_tokens: o.proposed_tokens,
+                    accepted_tokens: o.accepted_tokens,
                 };
                 return Ok(axum::Json(head.response(&text, o.stop, usage)).into_response());
             }
@@ -784,6 +802,8 @@ fn sse_events(
                                 prompt_tokens: o.prompt_tokens,
                                 completion_tokens: o.completion_tokens,
                                 cached_tokens: o.cached_tokens,
+                                proposed_tokens: o.proposed_tokens,
+                                accepted_tokens: o.accepted_tokens,
                             })));
                         }
                         let last = head.chunk(None, false, Some(o.stop));

@@ -14,7 +14,8 @@
 //! caught: the requests in that step fail, and a fresh scheduler takes the next ones.
 
 use ch10::{
-    Engine, GenParams, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport, StopReason,
+    Engine, GenParams, Proposer, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport,
+    StopReason,
 };
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
@@ -38,6 +39,8 @@ pub struct Job {
     pub deadline: Instant,
     /// The prefix cache's partition it reads and fills (its tenant's; 0 without tenants).
     pub cache_salt: u64,
+    /// Who guesses its next tokens, if anyone (chapter 7's [`Proposer`]).
+    pub proposer: Option<Box<dyn Proposer + Send>>,
     /// Where its events go. The engine notices when the receiver is dropped (the client went
     /// away) and cancels the request.
     pub events: UnboundedSender<Event>,
@@ -68,6 +71,9 @@ pub struct Outcome {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Tokens guessed ahead and checked, and those the model agreed with.
+    pub proposed_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// The scheduler's state after the last step, for `/health` and the tests.
@@ -277,7 +283,11 @@ fn engine_loop(
                         prompt: job.prompt,
                         params: job.params,
                     };
-                    match scheduler.submit_salted(request, job.cache_salt) {
+                    let taken = match job.proposer {
+                        Some(p) => scheduler.submit_guessing(request, job.cache_salt, p),
+                        None => scheduler.submit_salted(request, job.cache_salt),
+                    };
+                    match taken {
                         Ok(id) => {
                             let _ = job.events.send(Event::Accepted);
                             tickets.insert(ticket, id);
@@ -337,6 +347,8 @@ fn engine_loop(
                     prompt_tokens: l.prompt_tokens,
                     completion_tokens: f.ids.len(),
                     cached_tokens: f.cached_tokens.min(l.prompt_tokens),
+                    proposed_tokens: f.proposed,
+                    accepted_tokens: f.accepted,
                 };
                 observer.done(&l.label, &outcome);
                 let _ = l.events.send(Event::Done(outcome));
@@ -371,6 +383,8 @@ fn engine_loop(
                                 prompt_tokens: l.prompt_tokens,
                                 completion_tokens: f.ids.len(),
                                 cached_tokens: f.cached_tokens.min(l.prompt_tokens),
+                                proposed_tokens: f.proposed,
+                                accepted_tokens: f.accepted,
                             };
                             observer.done(&l.label, &outcome);
                             let _ = l.events.send(Event::Done(outcome));

@@ -45,6 +45,8 @@ pub struct Metrics {
     prompt_tokens: IntCounterVec,
     cached_tokens: IntCounterVec,
     generated_tokens: IntCounterVec,
+    draft_tokens: IntCounterVec,
+    accepted_tokens: IntCounterVec,
     ttft: HistogramVec,
     itl: HistogramVec,
     step_seconds: HistogramVec,
@@ -102,6 +104,16 @@ impl Metrics {
                 v,
             ),
             generated_tokens: counter("llmrs_generated_tokens_total", "Tokens generated.", v),
+            draft_tokens: counter(
+                "llmrs_spec_draft_tokens_total",
+                "Tokens guessed ahead (speculative decoding) and checked by the model.",
+                v,
+            ),
+            accepted_tokens: counter(
+                "llmrs_spec_accepted_tokens_total",
+                "Tokens guessed ahead that the model agreed with (each generated without a step).",
+                v,
+            ),
             ttft: histogram(
                 "llmrs_time_to_first_token_seconds",
                 "Time from a request reaching the engine to its first generated token.",
@@ -180,6 +192,8 @@ impl Metrics {
             Box::new(m.prompt_tokens.clone()),
             Box::new(m.cached_tokens.clone()),
             Box::new(m.generated_tokens.clone()),
+            Box::new(m.draft_tokens.clone()),
+            Box::new(m.accepted_tokens.clone()),
             Box::new(m.ttft.clone()),
             Box::new(m.itl.clone()),
             Box::new(m.step_seconds.clone()),
@@ -222,6 +236,8 @@ impl Metrics {
             prompt_tokens: self.prompt_tokens.with_label_values(v),
             cached_tokens: self.cached_tokens.with_label_values(v),
             generated_tokens: self.generated_tokens.with_label_values(v),
+            draft_tokens: self.draft_tokens.with_label_values(v),
+            accepted_tokens: self.accepted_tokens.with_label_values(v),
             ttft: self.ttft.with_label_values(v),
             itl: self.itl.with_label_values(v),
             step_seconds: self.step_seconds.with_label_values(v),
@@ -283,6 +299,8 @@ pub struct EngineMetrics {
     prompt_tokens: IntCounter,
     cached_tokens: IntCounter,
     generated_tokens: IntCounter,
+    draft_tokens: IntCounter,
+    accepted_tokens: IntCounter,
     ttft: Histogram,
     itl: Histogram,
     step_seconds: Histogram,
@@ -296,6 +314,8 @@ impl Observer for EngineMetrics {
         self.step_seconds.observe(took.as_secs_f64());
         self.batch_tokens.observe(report.n_tokens as f64);
         self.batch_sequences.observe(report.n_seqs as f64);
+        self.draft_tokens.inc_by(report.proposed as u64);
+        self.accepted_tokens.inc_by(report.accepted as u64);
     }
 
     fn token(&self, _label: &str, first: bool, gap: Duration) {

@@ -8,34 +8,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// The server says where it listens before it loads the model; on a busy machine that may
-/// take a while.
+/// The server loads the model before it is ready; on a busy machine that may take a while.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[test]
 fn openais_client_gets_structured_output() {
     let (py, path) = testkit::python::openai();
-    let model = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let (_server, base) = testkit::serve::serve(
-        Command::new(testkit::program(
-            "llm-rs",
-            testkit::Target::Bin,
-            "llm-rs",
-            &[],
-        ))
-        .arg("serve")
-        .arg("--model")
-        .arg(&model)
-        .args([
-            "--port",
-            "0",
-            "--ctx",
-            "1024",
-            "--threads",
-            "2",
-            "--parallel",
-            "2",
-        ]),
+    let (_server, base) = testkit::serve::llm_rs_serve(
+        &["--ctx", "1024", "--threads", "2", "--parallel", "2"],
         START_TIMEOUT,
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_client.py");

@@ -7,6 +7,12 @@
 //! `cargo run --release -p ch16 --example spec-bench -- [--model FILE] [--runs 5]
 //! [--tokens 128] [--draft-model FILE] [--llama-cpp DIR]`
 //!
+//! `--replay-wrong R` adds `replay` rows: guesses replayed from the plain run's own output,
+//! each one made wrong with chance `R`. No prompt lookup copies from a generated model's random
+//! text, so this is how to see what guesses that hold as often as the extract task's would buy
+//! on chapter 14's 8B files, where a pass over the weights costs most
+//! (`--model FILE --tasks extract --threads 2 --replay-wrong 0.1`).
+//!
 //! With `--llama-cpp DIR` (the directory `scripts/build-llama-server llama-lookup` prints), each
 //! row also runs llama.cpp on the same model and prompt, in the same run: `llama-bench` for its
 //! plain decode at the prompt's depth, and `llama-lookup` (its prompt lookup, n-grams of 1 to 4
@@ -47,6 +53,49 @@ struct Flags {
     /// llama.cpp's programs (`llama-bench`, `llama-lookup`), to run beside ours.
     #[arg(long)]
     llama_cpp: Option<PathBuf>,
+    /// Add `replay` rows: the plain run's tokens as guesses, each wrong with this chance.
+    #[arg(long)]
+    replay_wrong: Option<f64>,
+    /// Thread counts, one set of rows each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<usize>,
+    /// Only the tasks with these names (default: all).
+    #[arg(long, value_delimiter = ',')]
+    tasks: Vec<String>,
+}
+
+/// Guesses replayed from a known output, each made wrong with chance `wrong` (a fixed
+/// pseudo-random stream, so runs are alike).
+struct Replay {
+    truth: Vec<u32>,
+    wrong: f64,
+    state: u64,
+}
+
+impl Proposer for Replay {
+    fn propose(
+        &mut self,
+        tokens: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ch16::ForwardError> {
+        for &t in self.truth.iter().skip(tokens.len()).take(max) {
+            // splitmix64
+            self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let u = (z ^ (z >> 31)) as f64 / u64::MAX as f64;
+            out.push(if u >= self.wrong {
+                t
+            } else if t > 0 {
+                t - 1
+            } else {
+                t + 1
+            });
+        }
+        Ok(())
+    }
 }
 
 /// llama.cpp's plain rate as ours is measured: `tokens` generated after a prompt of `depth`
@@ -203,7 +252,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{ours}");
         println!("|---|---:|---|---:|---:|---:|---:|---:|");
     }
-    for threads in [1, 2] {
+    for &threads in &flags.threads {
         let fast = FastLoader::new(new_pool(PoolKind::Spin, threads));
         let load = |p: &PathBuf| {
             Engine::load(
@@ -215,10 +264,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let engine = load(&path)?;
         let draft = flags.draft_model.as_ref().map(load).transpose()?;
-        let template = engine
-            .template
-            .as_ref()
-            .ok_or("the model has no chat template")?;
+        let template = engine.template.as_ref();
         let model = &engine.model;
         let n_ctx = 2048.min(model.n_ctx());
         let params = GenParams {
@@ -228,14 +274,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rule: None,
         };
         for (task, message) in tasks() {
-            let prompt =
-                template.encode(&engine.tokenizer, &[Message::new("user", &message)], true)?;
-            let names: &[&str] = if draft.is_some() {
-                &["ngram", "draft"]
-            } else {
-                &["ngram"]
+            if !flags.tasks.is_empty() && !flags.tasks.iter().any(|t| t == task) {
+                continue;
+            }
+            // A generated model may have no chat template: then the message as it is.
+            let prompt = match template {
+                Some(t) => t.encode(&engine.tokenizer, &[Message::new("user", &message)], true)?,
+                None => engine.tokenizer.encode(&message, true, false),
             };
-            for &name in names {
+            let mut names = vec!["ngram"];
+            if draft.is_some() {
+                names.push("draft");
+            }
+            if flags.replay_wrong.is_some() {
+                names.push("replay");
+            }
+            for name in names {
                 let (mut plain, mut spec, mut stats) = (Vec::new(), Vec::new(), Default::default());
                 for _ in 0..flags.runs {
                     let mut session =
@@ -252,6 +306,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let mut session =
                         Cached::new(model, ContiguousCache::for_model(model, n_ctx), 256);
                     let mut proposer: Box<dyn Proposer> = match &draft {
+                        _ if name == "replay" => Box::new(Replay {
+                            truth: [prompt.as_slice(), &g.ids].concat(),
+                            wrong: flags.replay_wrong.unwrap_or(0.0),
+                            state: 0,
+                        }),
                         Some(d) if name == "draft" => Box::new(DraftModel::new(
                             &d.model,
                             &d.tokenizer,
@@ -289,7 +348,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
                 match &flags.llama_cpp {
                     Some(dir) if name == "ngram" => {
-                        let text = template.render(&[Message::new("user", &message)], true)?;
+                        let text = match template {
+                            Some(t) => t.render(&[Message::new("user", &message)], true)?,
+                            None => message.clone(),
+                        };
                         let plain = llama_bench(
                             dir,
                             &path,

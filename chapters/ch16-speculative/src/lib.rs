@@ -18,17 +18,22 @@
 //!   token — greedy or sampled with the same seed.
 //! - [`runner`]: the finished engine's runner with speculation (`llm-rs run --spec ngram`,
 //!   `--spec draft --draft-model FILE`), reporting acceptance in `--json`.
+//! - [`serving`]: the same in the server (`llm-rs serve --spec ngram`): each request's own
+//!   [`Adaptive`] prompt lookup, handed to chapter 7's scheduler, which checks guesses inside
+//!   the continuous batch and truncates the paged cache past a wrong one; acceptance in each
+//!   response's `usage` and in chapter 12's metrics.
 //!
-//! Left for later: speculation inside chapter 7's continuous batch (the server), where the
-//! paged cache must roll back past shared prefix blocks; tree-shaped guesses and
-//! Medusa-style heads.
+//! Left for later: a draft model in the server (one draft cache per request); tree-shaped
+//! guesses and Medusa-style heads.
 
 pub mod propose;
 pub mod runner;
+pub mod serving;
 pub mod speculate;
 
-pub use propose::{DraftLength, DraftModel, PromptLookup, Proposer};
+pub use propose::{Adaptive, DraftLength, DraftModel, PromptLookup, Proposer};
 pub use runner::{SpecKind, SpecRunner};
+pub use serving::LookupGuessing;
 pub use speculate::{SpecStats, speculate};
 
 /// Everything earlier chapters offer, so `ch16` reads as "the engine as of chapter 16".

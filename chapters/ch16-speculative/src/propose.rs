@@ -1,23 +1,8 @@
 //! Who guesses the next tokens: prompt lookup, a draft model, and how many to guess.
 
+pub use ch15::Proposer;
 use ch15::sampling::argmax;
 use ch15::{Cached, ContiguousCache, ForwardError, Model, Session, Tokenizer};
-
-// ANCHOR: proposer
-/// Guesses the tokens that follow a sequence. A guess costs the target model nothing until it
-/// is checked, and a wrong guess costs only the rows it adds to that check: a proposer should
-/// be cheap and, where it cannot guess well, propose nothing.
-pub trait Proposer {
-    /// Append to `out` up to `max` tokens guessed to follow `tokens` (the prompt and every
-    /// token generated so far).
-    fn propose(
-        &mut self,
-        tokens: &[u32],
-        max: usize,
-        out: &mut Vec<u32>,
-    ) -> Result<(), ForwardError>;
-}
-// ANCHOR_END: proposer
 
 // ANCHOR: lookup
 /// Prompt lookup (n-gram) decoding: find the last `n` tokens of the sequence earlier in it —
@@ -225,6 +210,42 @@ impl DraftLength {
     }
 }
 // ANCHOR_END: length_update
+
+// ANCHOR: adaptive
+/// A proposer that guesses as many tokens as its [`DraftLength`] says, and learns how they
+/// fared from whoever checks them ([`Proposer::checked`]): how each request of a server
+/// guesses, since chapter 7's scheduler checks the guesses there (at least `at_least` of
+/// them, whatever they cost).
+#[derive(Debug, Clone)]
+pub struct Adaptive<P> {
+    pub inner: P,
+    pub length: DraftLength,
+    pub at_least: usize,
+}
+
+impl<P: Proposer> Proposer for Adaptive<P> {
+    fn propose(
+        &mut self,
+        tokens: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ForwardError> {
+        let k = self.length.get().min(max);
+        if k > 0 {
+            self.inner.propose(tokens, k, out)?;
+        }
+        Ok(())
+    }
+
+    fn checked(&mut self, proposed: usize, accepted: usize) {
+        self.length.update(proposed, accepted);
+    }
+
+    fn at_least(&self) -> usize {
+        self.at_least
+    }
+}
+// ANCHOR_END: adaptive
 
 #[cfg(test)]
 mod tests {

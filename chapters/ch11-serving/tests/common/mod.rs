@@ -40,6 +40,7 @@ pub fn args() -> ServeArgs {
         cache: ch11::ch10::CacheTypes::F16,
         archs: ch11::architectures(),
         formats: std::sync::Arc::new(ch11::TextOnly),
+        guessing: std::sync::Arc::new(ch11::NoGuessing),
     }
 }
 

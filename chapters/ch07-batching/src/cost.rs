@@ -1,0 +1,121 @@
+//! What a step costs, learnt from the steps themselves, and how many guesses that makes worth
+//! checking.
+//!
+//! A step over `n` rows takes about `fixed + per_row × n`: reading every weight once, then each
+//! row's arithmetic. When memory is the wall (a large model, few rows) `fixed` dominates and a
+//! guessed row is almost free; when arithmetic is (a small model, or a full batch), a row costs
+//! nearly as much as a token, and a guess that probably fails costs more than it saves.
+//! [`StepCost`] fits that line through the recent steps; [`worth_checking`] keeps a guess when
+//! it raises the step's expected useful rows per second.
+
+use std::time::Duration;
+
+// ANCHOR: step_cost
+/// A least-squares line `seconds = fixed + per_row × rows` through the steps seen, the older
+/// ones weighing less (each step multiplies the past's weight by [`StepCost::KEEP`]).
+#[derive(Debug, Clone, Default)]
+pub struct StepCost {
+    // Weighted sums of 1, rows, rows², seconds and rows × seconds.
+    w: f64,
+    n: f64,
+    nn: f64,
+    t: f64,
+    nt: f64,
+}
+
+impl StepCost {
+    /// The past's weight after one more step: about the last 30 steps count, so the line
+    /// follows a machine that gets busier, but one slow step does not swing it.
+    pub const KEEP: f64 = 0.97;
+
+    pub fn add(&mut self, rows: usize, took: Duration) {
+        let (n, t) = (rows as f64, took.as_secs_f64());
+        for s in [
+            &mut self.w,
+            &mut self.n,
+            &mut self.nn,
+            &mut self.t,
+            &mut self.nt,
+        ] {
+            *s *= Self::KEEP;
+        }
+        self.w += 1.0;
+        self.n += n;
+        self.nn += n * n;
+        self.t += t;
+        self.nt += n * t;
+    }
+
+    /// `(fixed, per_row)` in seconds, once steps of different sizes have been seen (`None`
+    /// before: every step had the same number of rows, and no line goes through one point).
+    pub fn line(&self) -> Option<(f64, f64)> {
+        let det = self.w * self.nn - self.n * self.n;
+        if det <= 1e-6 * self.w * self.nn {
+            return None;
+        }
+        let per_row = ((self.w * self.nt - self.n * self.t) / det).max(0.0);
+        let fixed = ((self.t - per_row * self.n) / self.w).max(0.0);
+        Some((fixed, per_row))
+    }
+}
+// ANCHOR_END: step_cost
+
+// ANCHOR: worth_checking
+/// How many of `offered` guesses to check, on a step that already has `rows` rows, `useful` of
+/// them expected to be kept, when a guess holds with chance `hold` and steps cost `line`
+/// (`(fixed, per_row)`; `None`: not known yet, all of them). Guess `j` (from 1) is kept with
+/// chance `hold^j`, since it needs every one before it; it is checked while that chance, per
+/// second its row adds, is at least what the step yields per second without it.
+pub fn worth_checking(
+    offered: usize,
+    hold: f64,
+    mut rows: f64,
+    mut useful: f64,
+    line: Option<(f64, f64)>,
+) -> usize {
+    let Some((fixed, per_row)) = line else {
+        return offered;
+    };
+    let mut chance = 1.0;
+    for j in 0..offered {
+        chance *= hold;
+        // chance / per_row ≥ useful / (fixed + per_row × rows), without dividing by zero.
+        if chance * (fixed + per_row * rows) < useful * per_row {
+            return j;
+        }
+        rows += 1.0;
+        useful += chance;
+    }
+    offered
+}
+// ANCHOR_END: worth_checking
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_goes_through_the_steps() {
+        let mut c = StepCost::default();
+        c.add(1, Duration::from_millis(10));
+        assert_eq!(c.line(), None, "one size of step: no line yet");
+        c.add(1, Duration::from_millis(10));
+        c.add(5, Duration::from_millis(14));
+        let (fixed, per_row) = c.line().unwrap();
+        assert!((fixed - 0.009).abs() < 1e-9 && (per_row - 0.001).abs() < 1e-9);
+    }
+
+    #[test]
+    fn guesses_pay_where_rows_are_cheap() {
+        // Memory-bound: a row is 1 % of the step. Even guesses that hold half the time pay.
+        assert_eq!(worth_checking(4, 0.5, 1.0, 1.0, Some((0.1, 0.001))), 4);
+        // Arithmetic-bound: a row costs as much as the step's average row. Only a guess sure
+        // to hold would pay, so none does.
+        assert_eq!(worth_checking(4, 0.9, 4.0, 4.0, Some((0.0, 0.01))), 0);
+        // In between, the likelier first guesses pay and the later ones do not.
+        let some = worth_checking(8, 0.8, 1.0, 1.0, Some((0.01, 0.01)));
+        assert!((1..8).contains(&some), "{some}");
+        // Not known yet: all of them.
+        assert_eq!(worth_checking(3, 0.1, 1.0, 1.0, None), 3);
+    }
+}

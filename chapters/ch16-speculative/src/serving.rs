@@ -1,0 +1,33 @@
+//! Speculation in the server: chapter 11's [`Guessing`], giving each request its own proposer
+//! for chapter 7's scheduler to check in the continuous batch, next to requests that do not
+//! guess.
+
+use crate::propose::{Adaptive, DraftLength, PromptLookup, Proposer};
+use ch15::Guessing;
+
+// ANCHOR: lookup_guessing
+/// Prompt lookup for every request of a server (`llm-rs serve --spec ngram`): each request
+/// gets its own [`Adaptive`] [`PromptLookup`], guessing at most `draft_max` tokens a step, or
+/// its `speculative.n_max` if that is smaller (0: this request does not guess); of those, at
+/// least `draft_min` (or its `speculative.n_min`) are checked whatever they cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LookupGuessing {
+    pub draft_max: usize,
+    pub draft_min: usize,
+}
+
+impl Guessing for LookupGuessing {
+    fn proposer(&self, n_max: Option<u64>, n_min: Option<u64>) -> Option<Box<dyn Proposer + Send>> {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let max = n_max.map_or(self.draft_max, count).min(self.draft_max);
+        let min = n_min.map_or(self.draft_min, count).min(max);
+        (max > 0).then(|| {
+            Box::new(Adaptive {
+                inner: PromptLookup::default(),
+                length: DraftLength::new(max),
+                at_least: min,
+            }) as Box<dyn Proposer + Send>
+        })
+    }
+}
+// ANCHOR_END: lookup_guessing
