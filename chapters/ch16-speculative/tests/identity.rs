@@ -214,3 +214,118 @@ proptest! {
         prop_assert!(stats.accepted <= stats.proposed);
     }
 }
+
+/// Draws of the statistical test: one per seed.
+const DRAWS: u64 = 800;
+/// The chi-square test's threshold, as a standard normal quantile: a right sampler fails it
+/// with chance 1 in 1000. The seeds are fixed, so the test passes or fails the same way on
+/// every run.
+const CHI2_Z: f64 = 3.09;
+
+/// The chance of each of the `top_k` likeliest tokens of `logits` at temperature 1.
+fn top_k_probs(logits: &[f32], k: usize) -> Vec<(u32, f64)> {
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    order.truncate(k);
+    let top = f64::from(logits[order[0] as usize]);
+    let w: Vec<f64> = order
+        .iter()
+        .map(|&t| (f64::from(logits[t as usize]) - top).exp())
+        .collect();
+    let sum: f64 = w.iter().sum();
+    order.into_iter().zip(w.iter().map(|w| w / sum)).collect()
+}
+
+/// The statistical check of the sampling rule, on a small vocabulary (top-k 4): the first two
+/// tokens sampled with a guess for the first — taken when the model samples it, the second then
+/// drawn from the guess's row — follow the model's own joint distribution of two tokens,
+/// computed exactly from its logits, by a chi-square test over `DRAWS` seeds.
+#[test]
+fn sampled_tokens_with_guesses_follow_the_models_distribution() {
+    let e = engine();
+    let p = prompt(2);
+    let k = 4;
+    let logits = |tokens: &[u32]| {
+        let mut s = session();
+        ch16::Session::next_logits(&mut s, tokens, tokens.len())
+            .unwrap()
+            .to_vec()
+    };
+    // The exact chance of every pair (t1, t2).
+    let mut exact = Vec::new();
+    for (t1, p1) in top_k_probs(&logits(&p), k) {
+        let after = [p.as_slice(), &[t1]].concat();
+        for (t2, p2) in top_k_probs(&logits(&after), k) {
+            exact.push(((t1, t2), p1 * p2));
+        }
+    }
+    // The likeliest first token is guessed: held about as often as it is sampled.
+    let guess = exact[0].0.0;
+    let params = |seed| GenParams {
+        max_tokens: 2,
+        sampler: SamplerParams {
+            temp: 1.0,
+            top_k: k,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            seed,
+            ..SamplerParams::default()
+        },
+        stop: Vec::new(),
+        rule: None,
+    };
+    let mut session = session();
+    let mut counts = std::collections::HashMap::new();
+    let mut held = 0;
+    for seed in 0..DRAWS {
+        let mut scripted = Scripted {
+            truth: [p.as_slice(), &[guess]].concat(),
+            plan: Vec::new(),
+            call: 0,
+        };
+        let (g, stats) = speculate(
+            &mut session,
+            &mut scripted,
+            &mut DraftLength::new(1),
+            &e.tokenizer,
+            &p,
+            &params(seed),
+            &mut |_| {},
+        )
+        .unwrap();
+        held += stats.accepted;
+        *counts.entry((g.ids[0], g.ids[1])).or_insert(0u64) += 1;
+    }
+    assert!(
+        held > 0 && (held as u64) < DRAWS,
+        "the guess must hold sometimes and fail sometimes ({held} of {DRAWS})"
+    );
+    // Pairs expected fewer than 5 times are pooled, as a chi-square test needs.
+    let n = DRAWS as f64;
+    let (mut chi2, mut cells, mut pooled) = (0.0, 0, (0.0, 0u64));
+    for &(pair, prob) in &exact {
+        let seen = counts.remove(&pair).unwrap_or(0);
+        if prob * n >= 5.0 {
+            chi2 += (seen as f64 - prob * n).powi(2) / (prob * n);
+            cells += 1;
+        } else {
+            pooled = (pooled.0 + prob * n, pooled.1 + seen);
+        }
+    }
+    assert!(counts.is_empty(), "pairs outside the top {k}: {counts:?}");
+    if pooled.0 > 0.0 {
+        chi2 += (pooled.1 as f64 - pooled.0).powi(2) / pooled.0;
+        cells += 1;
+    }
+    // Wilson–Hilferty: the chi-square quantile for `cells - 1` degrees of freedom.
+    let df = (cells - 1) as f64;
+    let limit = df * (1.0 - 2.0 / (9.0 * df) + CHI2_Z * (2.0 / (9.0 * df)).sqrt()).powi(3);
+    println!(
+        "chi-square {chi2:.1} over {cells} cells (limit {limit:.1}); the guess held {held} times"
+    );
+    assert!(
+        chi2 < limit,
+        "chi-square {chi2:.1} ≥ {limit:.1} over {cells} cells"
+    );
+}
