@@ -90,6 +90,72 @@ pub fn worth_checking(
 }
 // ANCHOR_END: worth_checking
 
+/// One sequence's guesses, judged: how often they hold lately, and how many of those offered
+/// to check at what steps cost now.
+#[derive(Debug, Clone)]
+pub struct Judge {
+    /// The chance the next guess holds, as the recent guesses say.
+    pub hold: f64,
+    /// Steps since a guess was last checked.
+    unchecked: usize,
+}
+
+impl Judge {
+    /// What guesses are expected to do before any is checked.
+    pub const HOLD_PRIOR: f64 = 0.5;
+    /// How far each checked guess moves `hold` towards what happened to it: about the last 5
+    /// guesses count.
+    pub const HOLD_LEARN: f64 = 0.2;
+    /// Steps after which a sequence whose guesses were all judged not worth checking has one
+    /// checked anyway: without it guesses that once failed would never be tried again, even
+    /// when the text starts to copy. One row in this many steps costs a few percent at most.
+    pub const PROBE_EVERY: usize = 32;
+
+    pub fn new() -> Judge {
+        Judge {
+            hold: Self::HOLD_PRIOR,
+            unchecked: 0,
+        }
+    }
+
+    /// How many of `offered` guesses to check ([`worth_checking`]), at least `at_least`, one
+    /// as a probe after [`Judge::PROBE_EVERY`] steps without any.
+    pub fn keep(
+        &mut self,
+        offered: usize,
+        at_least: usize,
+        rows: f64,
+        useful: f64,
+        line: Option<(f64, f64)>,
+    ) -> usize {
+        let mut k =
+            worth_checking(offered, self.hold, rows, useful, line).max(at_least.min(offered));
+        self.unchecked = if k > 0 { 0 } else { self.unchecked + 1 };
+        if self.unchecked >= Self::PROBE_EVERY && offered > 0 {
+            (k, self.unchecked) = (1, 0);
+        }
+        k
+    }
+
+    /// Rows expected to be kept of `k` guesses checked: `hold + hold² + … + hold^k`.
+    pub fn expected(&self, k: usize) -> f64 {
+        (1..=k as i32).map(|j| self.hold.powi(j)).sum()
+    }
+
+    /// Of `proposed` guesses checked, the first `kept` held.
+    pub fn learn(&mut self, proposed: usize, kept: usize) {
+        for held in std::iter::repeat_n(1.0, kept).chain((kept < proposed).then_some(0.0)) {
+            self.hold += Self::HOLD_LEARN * (held - self.hold);
+        }
+    }
+}
+
+impl Default for Judge {
+    fn default() -> Self {
+        Judge::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,7 +42,7 @@
 //!   the request's own generator from the row plain decoding computes, so its output does not
 //!   change.
 
-use crate::cost::{StepCost, worth_checking};
+use crate::cost::{Judge, StepCost};
 use crate::prefix::PrefixCache;
 use crate::request::{Finished, Proposer, Request, RequestId};
 use ch06::{
@@ -271,21 +271,9 @@ struct Seq<'t> {
     guesses: Vec<u32>,
     proposed: usize,
     accepted: usize,
-    /// The chance its next guess holds, as its recent guesses say, and the steps since one was
-    /// last checked.
-    hold: f64,
-    unchecked: usize,
+    /// How often its guesses hold, and how many are worth checking.
+    judge: Judge,
 }
-
-/// What a request's guesses are expected to do before any is checked.
-const HOLD_PRIOR: f64 = 0.5;
-/// How far each checked guess moves `hold` towards what happened to it: about the last 5
-/// guesses count.
-const HOLD_LEARN: f64 = 0.2;
-/// Steps after which a request whose guesses were all judged not worth checking has one checked
-/// anyway: without it a request whose guesses once failed would never be tried again, even when
-/// its text starts to copy. One row in this many steps costs a few percent at most.
-const PROBE_EVERY: usize = 32;
 
 impl Seq<'_> {
     fn pending(&self) -> usize {
@@ -304,9 +292,7 @@ impl Seq<'_> {
         }
         self.proposed += proposed;
         self.accepted += kept;
-        for held in std::iter::repeat_n(1.0, kept).chain((kept < proposed).then_some(0.0)) {
-            self.hold += HOLD_LEARN * (held - self.hold);
-        }
+        self.judge.learn(proposed, kept);
         if let Some(p) = self.proposer.as_mut() {
             p.checked(proposed, kept);
         }
@@ -531,8 +517,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             guesses: Vec::new(),
             proposed: 0,
             accepted: 0,
-            hold: HOLD_PRIOR,
-            unchecked: 0,
+            judge: Judge::new(),
         });
         Ok(id)
     }
@@ -714,7 +699,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     /// the free blocks (no eviction, no preemption for a guess) and its token limit — the last
     /// guess's row gives one more token, so a request that may generate `r` more checks at most
     /// `r - 1`, and stays within the positions [`submit`](Self::submit) checked — and of those,
-    /// only the ones [`worth_checking`] at what steps cost now.
+    /// only the ones its [`Judge`] finds worth checking at what steps cost now.
     fn plan_guesses(&mut self, plan: &mut [Chunk], mut budget: usize) -> Result<(), ForwardError> {
         let (bs, line) = (self.config.block_size, self.cost.line());
         // Rows in the step, and how many of them are expected to be kept.
@@ -745,14 +730,11 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 .iter()
                 .take_while(|&&g| (g as usize) < vocab)
                 .count();
-            let mut k = worth_checking(offered, s.hold, rows, useful, line);
-            k = k.max(proposer.at_least().min(offered));
-            s.unchecked = if k > 0 { 0 } else { s.unchecked + 1 };
-            if s.unchecked >= PROBE_EVERY && offered > 0 {
-                (k, s.unchecked) = (1, 0);
-            }
+            let k = s
+                .judge
+                .keep(offered, proposer.at_least(), rows, useful, line);
             rows += k as f64;
-            useful += (1..=k as i32).map(|j| s.hold.powi(j)).sum::<f64>();
+            useful += s.judge.expected(k);
             budget -= k;
             plan[c].guesses = k;
             plan[c].blocks = self.blocks_for(i, 1 + k);
