@@ -561,14 +561,16 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 self.batch.push(g, slot, s.tokens.len() + j, true);
             }
         }
-        let started = Instant::now();
         let logits: &[f32] = if self.batch.is_empty() {
             &[]
         } else {
-            self.model
-                .forward_batch(&self.batch, &mut self.kv, &mut self.scratch)?
+            let started = Instant::now();
+            let logits = self
+                .model
+                .forward_batch(&self.batch, &mut self.kv, &mut self.scratch)?;
+            self.cost.add(self.batch.len(), started.elapsed());
+            logits
         };
-        self.cost.add(self.batch.len(), started.elapsed());
         self.stats.steps += 1;
         self.stats.computed_tokens += self.batch.len();
         report.n_tokens = self.batch.len();
@@ -705,17 +707,17 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         // Rows in the step, and how many of them are expected to be kept.
         let mut rows = plan.iter().map(|c| c.n).sum::<usize>() as f64;
         let mut useful = rows;
-        for c in 0..plan.len() {
-            let i = plan[c].seq;
+        // Blocks the plan takes so far: those left are free for guesses.
+        let mut planned: usize = plan.iter().map(|c| c.blocks).sum();
+        for chunk in plan.iter_mut() {
+            let i = chunk.seq;
             if budget == 0 {
                 break;
             }
             if self.seqs[i].proposer.is_none() || !self.seqs[i].is_decoding() {
                 continue;
             }
-            let planned: usize = plan.iter().map(|c| c.blocks).sum();
-            let blocks =
-                self.blocks_held(i) + plan[c].blocks + self.kv.allocator.n_free() - planned;
+            let blocks = self.blocks_held(i) + chunk.blocks + self.kv.allocator.n_free() - planned;
             let s = &mut self.seqs[i];
             let left = s.max_tokens - s.out.ids.len() - 1;
             let max = left.min(budget).min(blocks * bs - s.n_kv - 1);
@@ -736,8 +738,10 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             rows += k as f64;
             useful += s.judge.expected(k);
             budget -= k;
-            plan[c].guesses = k;
-            plan[c].blocks = self.blocks_for(i, 1 + k);
+            chunk.guesses = k;
+            let blocks = self.blocks_for(i, 1 + k);
+            planned += blocks - chunk.blocks;
+            chunk.blocks = blocks;
         }
         Ok(())
     }
