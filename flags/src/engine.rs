@@ -104,6 +104,7 @@ impl Engine {
             gpu: self.gpu,
             archs,
             cache: self.cache.types(),
+            files: std::sync::Arc::new(ch10::GgufFiles),
         }
     }
 }

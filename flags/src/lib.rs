@@ -16,8 +16,12 @@
 //! - `structured` (feature `structured`): chapter 15's engine, with `--grammar`,
 //!   `--grammar-file`, `--json-schema` and `--json-schema-file`;
 //! - `speculative` (feature `speculative`): chapter 16's engine, with `--spec`,
-//!   `--draft-model` and `--draft-max`.
+//!   `--draft-model` and `--draft-max`;
+//! - `checkpoints` (feature `checkpoints`): chapter 17's engine and server, whose `--model`
+//!   may name a Hugging Face directory, with `--quantize`.
 
+#[cfg(feature = "checkpoints")]
+pub mod checkpoints;
 pub mod generate;
 
 #[cfg(feature = "engine")]

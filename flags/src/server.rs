@@ -80,6 +80,7 @@ impl Server {
             no_repack: self.no_repack,
             cache: self.cache.types(),
             archs,
+            files: std::sync::Arc::new(ch11::ch10::GgufFiles),
             formats: std::sync::Arc::new(ch11::TextOnly),
             guessing: std::sync::Arc::new(ch11::NoGuessing),
         }

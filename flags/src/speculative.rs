@@ -65,14 +65,24 @@ impl From<Spec> for SpecKind {
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
     let name = argv.first().map(|a| a.to_string_lossy().into_owned());
     let flags = Speculative::parse_from(argv);
-    let rule = flags.structured.rule(name.as_deref());
-    let args = SpecArgs {
+    run_or_exit(&args(flags, name.as_deref(), archs));
+}
+
+/// The settings `flags` give for `archs` (`name`: the program's, for messages); a usage error
+/// exits.
+pub fn args(flags: Speculative, name: Option<&str>, archs: Architectures) -> SpecArgs {
+    let rule = flags.structured.rule(name);
+    SpecArgs {
         run: scaling::checked(flags.structured.scaling, archs, rule),
         spec: flags.spec.into(),
         draft_model: flags.draft_model,
         draft_max: flags.draft_max,
-    };
-    if let Err(e) = runner::run(&args) {
+    }
+}
+
+/// Run chapter 16's engine as `args` say; exit 1 with the error if it fails.
+pub fn run_or_exit(args: &SpecArgs) {
+    if let Err(e) = runner::run(args) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -120,6 +130,11 @@ pub enum ServeSpec {
 /// ngram`, each request's guesses checked in the continuous batch.
 pub fn serve_from(argv: Vec<OsString>, archs: Architectures) {
     let flags: SpeculativeServer = production::parse_or_exit(argv);
+    production::run_checked::<SpeculativeServer>(&serve_args(flags, archs));
+}
+
+/// The server's settings `flags` give for `archs`; a usage error exits with status 2.
+pub fn serve_args(flags: SpeculativeServer, archs: Architectures) -> ch16::ch12::Args {
     let mut args = flags.production.args(archs);
     args.serve.formats = Arc::new(ch16::Structured::default());
     if flags.spec == ServeSpec::Ngram {
@@ -132,6 +147,6 @@ pub fn serve_from(argv: Vec<OsString>, archs: Architectures) {
             draft_min: flags.draft_min,
         });
     }
-    production::run_checked::<SpeculativeServer>(&args);
+    args
 }
 // ANCHOR_END: serve_flags

@@ -1,5 +1,6 @@
 //! `llm-rs`: the finished engine, at the top of the tower. One binary runs every architecture
-//! the chapters know ([`ch16::architectures`]):
+//! the chapters know ([`ch17::architectures`]), from a GGUF file or a Hugging Face directory
+//! (chapter 17's; `--quantize TYPE` stores a directory's matrices as a chapter 6 file type):
 //!
 //! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags,
 //!   behind chapter 14's memory budget: `--mem-budget` prints it; chapter 15's `--grammar` and
@@ -10,18 +11,22 @@
 //!   environment variables and configuration file), whose requests may ask for JSON
 //!   (`response_format`) or a grammar (chapter 15's), and which guesses tokens ahead with
 //!   `--spec ngram` (chapter 16's);
-//! - `llm-rs inspect [PATH]`: what a GGUF file holds (chapter 1's summary, the configuration),
-//!   and whether this engine runs its architecture.
+//! - `llm-rs inspect [PATH]`: what a GGUF file (or the GGUF image of a Hugging Face
+//!   directory) holds — chapter 1's summary, the configuration — and whether this engine runs
+//!   its architecture;
+//! - `llm-rs convert DIR OUT.gguf [TYPE]`: write a Hugging Face directory as a GGUF file
+//!   (chapter 17's), its matrices in their own type or as file type `TYPE`.
 //!
 //! `llm-rs SUBCOMMAND --help` lists a subcommand's flags (the `flags` crate's). When a chapter
-//! is added above chapter 16, this package depends on it instead and names its set of
+//! is added above chapter 17, this package depends on it instead and names its set of
 //! architectures: one line in `Cargo.toml`, one in `main`.
 
-use ch16::{Architectures, Config, GgufFile};
+use ch17::ch06::recipe::LlamaFtype;
+use ch17::{Architectures, Checkpoint, Config, GgufFile};
 use clap::{Parser, Subcommand};
 use std::error::Error;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Run GGUF models: complete a prompt, chat, or serve OpenAI's API.
 #[derive(Parser)]
@@ -52,11 +57,24 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
-    /// Print what a GGUF file holds — metadata, tensors, configuration — and whether llm-rs
-    /// runs it.
+    /// Print what a GGUF file (or a Hugging Face directory, as the GGUF file it converts to)
+    /// holds — metadata, tensors, configuration — and whether llm-rs runs it.
     Inspect {
-        /// GGUF file (default: the default model, fetched on first use).
+        /// GGUF file or Hugging Face directory (default: the default model, fetched on first
+        /// use).
         path: Option<PathBuf>,
+    },
+    /// Convert a Hugging Face directory (config.json, *.safetensors, tokenizer.json) into a
+    /// GGUF file that llm-rs and llama.cpp run.
+    Convert {
+        /// The directory (or its config.json).
+        dir: PathBuf,
+        /// The GGUF file to write.
+        out: PathBuf,
+        /// Store the matrices as this file type (F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, …);
+        /// by default each keeps the checkpoint's type.
+        #[arg(value_parser = |s: &str| LlamaFtype::from_name(s).map_err(|e| e.to_string()))]
+        file_type: Option<LlamaFtype>,
     },
 }
 
@@ -77,15 +95,22 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
         Some(p) => p,
         None => shared::default_model_path()?,
     };
-    let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    print!("{}", ch16::ch01::inspect::summary(&file, &name));
+    let gguf = if ch17::files::is_checkpoint(&path) {
+        let (file, _) = Checkpoint::open(&path)?.image(None)?;
+        print!("{}", ch17::ch01::inspect::summary(&file, &name));
+        file.gguf
+    } else {
+        let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        print!("{}", ch17::ch01::inspect::summary(&file, &name));
+        file.gguf
+    };
+    let file = &gguf;
     let arch = file
-        .gguf
         .architecture()
         .map_err(|e| format!("{}: {e}", path.display()))?;
     println!("\nconfig:");
-    match Config::from_gguf(&file.gguf, &[arch]) {
+    match Config::from_gguf(file, &[arch]) {
         Ok(c) => print!("{c}"),
         Err(e) => println!("  (none: {e})"),
     }
@@ -97,8 +122,25 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
     Ok(())
 }
 
+/// `llm-rs convert`: the checkpoint in `dir` written to `out` as a GGUF file.
+fn convert(dir: &Path, out: &Path, ftype: Option<LlamaFtype>) -> Result<(), Box<dyn Error>> {
+    let ckpt = Checkpoint::open(dir)?;
+    let bytes = ckpt.write_gguf(out, ftype)?;
+    let kind = ftype.map_or("its own types".to_string(), |f| f.name().to_string());
+    eprintln!(
+        "{}: {} {} model, {} tensors ({kind}) → {} ({:.1} MB)",
+        dir.display(),
+        ckpt.family.hf_architectures[0],
+        ckpt.family.arch,
+        ckpt.tensors.len(),
+        out.display(),
+        bytes as f64 / 1e6
+    );
+    Ok(())
+}
+
 fn main() {
-    let archs = ch16::architectures();
+    let archs = ch17::architectures();
     match Cli::parse().command {
         Command::Inspect { path } => {
             if let Err(e) = inspect(path, &archs) {
@@ -106,14 +148,24 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Command::Convert {
+            dir,
+            out,
+            file_type,
+        } => {
+            if let Err(e) = convert(&dir, &out, file_type) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
         Command::Run { args } => {
-            flags::speculative::main_from(argv("llm-rs run", &[], args), archs)
+            flags::checkpoints::main_from(argv("llm-rs run", &[], args), archs)
         }
         Command::Chat { args } => {
-            flags::speculative::main_from(argv("llm-rs chat", &["--chat"], args), archs)
+            flags::checkpoints::main_from(argv("llm-rs chat", &["--chat"], args), archs)
         }
         Command::Serve { args } => {
-            flags::speculative::serve_from(argv("llm-rs serve", &[], args), archs)
+            flags::checkpoints::serve_from(argv("llm-rs serve", &[], args), archs)
         }
     }
 }

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from . import engine as E
-from . import constrained, facts, gemma3, grammar, large, prompts, quant, tokenizer, variants
+from . import checkpoints, constrained, facts, gemma3, grammar, large, prompts, quant, tokenizer
+from . import variants
 from .common import log, sha256_file, write_json
 from .f32_model import write_f32_copy
 
@@ -64,6 +65,9 @@ def describe(rel: str) -> str:
         return f"synthetic variant {m[1]}: every intermediate tensor of the prompt"
     if m := re.fullmatch(r"variants/(\w+)/generation\.safetensors", rel):
         return f"synthetic variant {m[1]}: greedy continuation, top-k logits per decode step"
+    if m := re.fullmatch(r"checkpoints/([\w-]+)\.safetensors", rel):
+        return f"chapter 17's checkpoint {m[1]}, converted and run by llama.cpp: the prompt's " \
+            "ids, the last position's logits, the top-k logits of every position"
     if rel == "large/models.json":
         return "chapter 14's generated large models (two layers, full width): recipe, file " \
             "sha256, prompt and llama.cpp's greedy continuations (f32, f16 and q8_0 KV caches)"
@@ -232,6 +236,40 @@ def only_grammar(sdist: Path, model: Path, out: Path) -> int:
     return 0
 
 
+def only_checkpoints(sdist: Path, model: Path, gemma3_path: Path, cache: Path, out: Path) -> int:
+    """`--only checkpoints`: redo step 15 alone, replace reference-data/checkpoints/ and update
+    the manifest's `files` and `checkpoints` entries in place. Refused unless the manifest was
+    made from the same sdist and model."""
+    manifest_path = out / "manifest.json"
+    if not manifest_path.is_file():
+        raise SystemExit(f"{manifest_path}: missing; run the whole export first")
+    manifest = json.loads(manifest_path.read_bytes())
+    if manifest.get("llama_cpp", {}).get("sdist_sha256") != sha256_file(sdist):
+        raise SystemExit(f"{sdist} is not the sdist reference-data/ was made from")
+    if manifest.get("model", {}).get("sha256") != sha256_file(model):
+        raise SystemExit(f"{model} is not the model reference-data/ was made from")
+    E.init()
+    with tempfile.TemporaryDirectory(prefix="export-reference-checkpoints-") as tmp:
+        stage = Path(tmp)
+        section = checkpoints.export_checkpoints(
+            out.resolve().parent, model, gemma3_path, cache, stage, default_settings()
+        )
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith("checkpoints/")}
+        files.update(file_entries(stage))
+        manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
+        updated = {}
+        for k, v in manifest.items():
+            if k != "checkpoints":
+                updated[k] = v
+            if k == "grammar":
+                updated["checkpoints"] = section
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        shutil.move(str(stage / "checkpoints"), str(out / "checkpoints"))
+    write_json(manifest_path, updated)
+    log(f"replaced {out / 'checkpoints'} and its manifest entries")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="export-reference")
     ap.add_argument("--model", type=Path, required=True, help="the default model (Q4_1 GGUF)")
@@ -241,13 +279,18 @@ def main() -> int:
     ap.add_argument("--gemma3", type=Path, help="Gemma 3 270M Q4_K_M (chapter 13)")
     ap.add_argument(
         "--only",
-        choices=["grammar"],
+        choices=["grammar", "checkpoints"],
         help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
-        "constrained runs of --model) and update the manifest in place",
+        "constrained runs of --model), or step 15 (chapter 17's converted checkpoints), and "
+        "update the manifest in place",
     )
     args = ap.parse_args()
     if args.only == "grammar":
         return only_grammar(args.sdist, args.model, args.out)
+    if args.only == "checkpoints":
+        if args.gemma3 is None or args.cache is None:
+            ap.error("--only checkpoints needs --gemma3 and --cache")
+        return only_checkpoints(args.sdist, args.model, args.gemma3, args.cache, args.out)
     for name in ("cache", "gemma3"):
         if getattr(args, name) is None:
             ap.error(f"--{name} is required (unless --only)")
@@ -298,6 +341,10 @@ def main() -> int:
     log("step 12: chapter 14's generated large models")
     la = large.export_large(args.out.resolve().parent, args.cache, stage, quant_settings)
     gr = grammar_steps(args.sdist, args.model, stage, quant_settings)
+    log("step 15: chapter 17's converted checkpoints")
+    ck = checkpoints.export_checkpoints(
+        args.out.resolve().parent, args.model, args.gemma3, args.cache, stage, f32_settings
+    )
 
     files = file_entries(stage)
 
@@ -366,6 +413,7 @@ def main() -> int:
             **la,
         },
         "grammar": gr,
+        "checkpoints": ck,
         "files": files,
         "reduced_precision": pr["reduced_precision"],
         "graph_name_notes": {

@@ -5,7 +5,8 @@
 
 use crate::loader::ViewLoader;
 use crate::mapped::{
-    MapOptions, MappedFile, PageAdvice, ReleasePages, SharedBytes, map_gguf, read_gguf,
+    MapOptions, MappedBytes, MappedFile, PageAdvice, ReadBytes, ReleasePages, SharedBytes,
+    map_gguf, read_gguf,
 };
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
@@ -48,8 +49,66 @@ pub struct EngineArgs {
     /// What the KV cache keeps keys and values in (chapter 5's f32 or f16, chapter 6's Q8_0;
     /// llama.cpp's `--cache-type-k`, `--cache-type-v`). The GPU path keeps its own f32 cache.
     pub cache: CacheTypes,
+    /// How `--model PATH` becomes the GGUF image the engine loads: GGUF files ([`GgufFiles`]),
+    /// unless a later chapter hands in a value that reads other formats too.
+    pub files: Arc<dyn ModelFiles>,
 }
 // ANCHOR_END: args
+
+// ANCHOR: model_files
+/// How a model path becomes what the engine loads: a parsed GGUF header and the bytes its
+/// tensors live in. This chapter's [`GgufFiles`] opens GGUF files; a later chapter passes a
+/// value that also turns other formats into a GGUF image.
+pub trait ModelFiles: Send + Sync + std::fmt::Debug {
+    /// The model at `path` as a GGUF image, mapped if `mode` says so and the format allows.
+    fn open(&self, path: &Path, mode: LoadMode) -> Result<Opened, Box<dyn Error>>;
+
+    /// The header of the model at `path` (metadata and tensor descriptions), reading as
+    /// little as it can: what chapter 14 plans a run's memory from.
+    fn header(&self, path: &Path) -> Result<Gguf, Box<dyn Error>>;
+}
+
+/// A model opened as a GGUF image: mapped from its file, or held in memory (a file read with
+/// `--no-mmap`, or an image another format was turned into).
+pub enum Opened {
+    Mapped(GgufFile<MappedBytes>, MappedBytes),
+    Read(GgufFile<ReadBytes>, ReadBytes),
+}
+
+impl Opened {
+    /// The parsed header.
+    pub fn gguf(&self) -> &Gguf {
+        match self {
+            Opened::Mapped(f, _) => &f.gguf,
+            Opened::Read(f, _) => &f.gguf,
+        }
+    }
+}
+
+/// GGUF files: mapped, or read into memory with [`LoadMode::Read`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GgufFiles;
+
+impl ModelFiles for GgufFiles {
+    fn open(&self, path: &Path, mode: LoadMode) -> Result<Opened, Box<dyn Error>> {
+        Ok(match mode {
+            LoadMode::Map(opts) => {
+                let (file, bytes) = map_gguf(path, &opts)?;
+                Opened::Mapped(file, bytes)
+            }
+            LoadMode::Read => {
+                let (file, bytes) = read_gguf(path)?;
+                Opened::Read(file, bytes)
+            }
+        })
+    }
+
+    /// Only the header's pages of the map are read.
+    fn header(&self, path: &Path) -> Result<Gguf, Box<dyn Error>> {
+        Ok(map_gguf(path, &MapOptions::default())?.0.gguf)
+    }
+}
+// ANCHOR_END: model_files
 
 /// How the weights get from the file into the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +133,7 @@ impl EngineArgs {
             gpu: false,
             archs: ch08::architectures(),
             cache: CacheTypes::F32,
+            files: Arc::new(GgufFiles),
         }
     }
 
@@ -145,22 +205,35 @@ impl Engine {
         archs: &Architectures,
         progress: Box<dyn Fn(u64, u64)>,
     ) -> Result<Engine, Box<dyn Error>> {
+        Engine::open(&GgufFiles, path, mode, fast, archs, progress)
+    }
+
+    // ANCHOR_END: load
+
+    // ANCHOR: open
+    /// As [`Engine::load_reporting`], the model at `path` opened by `files`.
+    pub fn open(
+        files: &dyn ModelFiles,
+        path: &Path,
+        mode: LoadMode,
+        fast: FastLoader,
+        archs: &Architectures,
+        progress: Box<dyn Fn(u64, u64)>,
+    ) -> Result<Engine, Box<dyn Error>> {
         let t0 = Instant::now();
         let repacked = fast.pack && ch08::fast_matrix::packs(&fast.kernels);
-        let (model, gguf, mapped) = match mode {
-            LoadMode::Map(opts) => {
-                let (file, bytes) = map_gguf(path, &opts)?;
+        let (model, gguf, mapped, mode) = match files.open(path, mode)? {
+            Opened::Mapped(file, bytes) => {
                 let mapped = Arc::clone(bytes.owner());
                 // A file rewritten while we read it explains a failure better than the
                 // failure itself does.
                 let (model, gguf) = build(path, file, bytes, fast, archs, progress)
                     .map_err(|e| mapped.check_unchanged().map_or_else(|c| c.into(), |()| e))?;
-                (model, gguf, Some(mapped))
+                (model, gguf, Some(mapped), mode)
             }
-            LoadMode::Read => {
-                let (file, bytes) = read_gguf(path)?;
+            Opened::Read(file, bytes) => {
                 let (model, gguf) = build(path, file, bytes, fast, archs, progress)?;
-                (model, gguf, None)
+                (model, gguf, None, LoadMode::Read)
             }
         };
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| in_file(path, e))?;
@@ -177,7 +250,7 @@ impl Engine {
             mapped,
         })
     }
-    // ANCHOR_END: load
+    // ANCHOR_END: open
 
     /// `e`, or — if the mapped file changed since it was mapped, the likelier cause — that.
     pub fn explain(&self, e: Box<dyn Error>) -> Box<dyn Error> {
@@ -512,7 +585,8 @@ pub fn load(args: &EngineArgs, fast: FastLoader) -> Result<(Engine, Instant), Bo
     let path: PathBuf = g.model_path()?;
     let t0 = Instant::now();
     let progress = LoadProgress::on_terminal(!g.json);
-    let engine = Engine::load_reporting(
+    let engine = Engine::open(
+        &*args.files,
         &path,
         args.load_mode(),
         fast,
@@ -563,9 +637,9 @@ fn run_gpu(_: &EngineArgs, _: &Path, _: Instant) -> Result<(), Box<dyn Error>> {
 /// `--gpu`; the weights are copied from it into GPU memory once.
 #[cfg(feature = "gpu")]
 fn run_gpu(args: &EngineArgs, path: &Path, t0: Instant) -> Result<(), Box<dyn Error>> {
-    match args.load_mode() {
-        LoadMode::Map(opts) => run_gpu_on(args, path, &map_gguf(path, &opts)?.0, t0),
-        LoadMode::Read => run_gpu_on(args, path, &read_gguf(path)?.0, t0),
+    match args.files.open(path, args.load_mode())? {
+        Opened::Mapped(file, _) => run_gpu_on(args, path, &file, t0),
+        Opened::Read(file, _) => run_gpu_on(args, path, &file, t0),
     }
 }
 

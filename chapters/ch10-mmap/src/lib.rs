@@ -19,7 +19,9 @@
 //!   not aligned for its blocks;
 //! - [`engine`]: [`Engine`] (model, tokenizer and template, loaded one way or another),
 //!   [`EngineArgs`] (chapter 4's settings plus this chapter's), [`Scheduled`] (chapter 4's
-//!   `Runner` on chapter 7's scheduler, paged cache and prefix cache) and [`engine::run`].
+//!   `Runner` on chapter 7's scheduler, paged cache and prefix cache) and [`engine::run`];
+//!   [`ModelFiles`], how a model path becomes a GGUF image ([`GgufFiles`] here; a later
+//!   chapter reads other formats through it).
 //!
 //! The `engine` example is the finished engine, the sum of the chapters: chapter 4's
 //! command line, chapter 7's scheduler with the paged and prefix caches, chapter 8's kernels
@@ -38,7 +40,8 @@ pub mod loader;
 pub mod mapped;
 
 pub use engine::{
-    Engine, EngineArgs, LoadMode, LoadProgress, MemoryStats, Scheduled, memory_stats,
+    Engine, EngineArgs, GgufFiles, LoadMode, LoadProgress, MemoryStats, ModelFiles, Opened,
+    Scheduled, memory_stats,
 };
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{

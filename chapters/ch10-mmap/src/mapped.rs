@@ -147,15 +147,12 @@ impl AlignedBuf {
         buf
     }
 
-    fn zeroed(len: usize) -> AlignedBuf {
+    /// `len` zero bytes, to be written through `as_mut`.
+    pub fn zeroed(len: usize) -> AlignedBuf {
         AlignedBuf {
             words: vec![0u64; len.div_ceil(8)],
             len,
         }
-    }
-
-    fn as_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
 
     /// Read the whole file at `path`.
@@ -177,6 +174,12 @@ impl AlignedBuf {
         file.read_exact(buf.as_mut())
             .map_err(|e| io("cannot read", e))?;
         Ok(buf)
+    }
+}
+
+impl AsMut<[u8]> for AlignedBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
 }
 

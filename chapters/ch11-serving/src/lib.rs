@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// The architectures the server loads: chapter 4's, unless a later chapter hands in a
     /// bigger set.
     pub archs: ch10::Architectures,
+    /// How the model path becomes a GGUF image: chapter 10's GGUF files, unless a later
+    /// chapter hands in more formats.
+    pub files: Arc<dyn ch10::ModelFiles>,
     /// The output forms requests may ask for: plain text ([`TextOnly`]), unless a later
     /// chapter hands in more.
     pub formats: Arc<dyn Formats>,
@@ -105,6 +108,7 @@ impl Default for ServeArgs {
             no_repack: false,
             cache: ch10::CacheTypes::F32,
             archs: ch10::architectures(),
+            files: Arc::new(ch10::GgufFiles),
             formats: Arc::new(TextOnly),
             guessing: Arc::new(NoGuessing),
         }
@@ -165,11 +169,13 @@ pub fn load_observed(
     };
     let mut fast = FastLoader::new(new_pool(PoolKind::Spin, args.threads));
     fast.pack = !args.no_repack;
-    let mut engine = Engine::load(
+    let mut engine = Engine::open(
+        &*args.files,
         &path,
         LoadMode::Map(MapOptions::default()),
         fast,
         &args.archs,
+        Box::new(|_, _| {}),
     )?;
     cli::set_context(&mut engine.model, args.ctx)?;
     let n_ctx = engine.model.n_ctx();

@@ -5,7 +5,6 @@
 use crate::budget::{Budget, Holding, available_memory, gb};
 use crate::ch01::Config;
 use crate::engine::{self, EngineArgs};
-use crate::mapped::{MapOptions, map_gguf};
 use std::error::Error;
 
 /// Chapter 10's settings, and whether to stop after printing the budget.
@@ -20,8 +19,8 @@ pub struct RunArgs {
 /// the header's pages are read).
 pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
     let path = args.generation.model_path()?;
-    let (file, _) = map_gguf(&path, &MapOptions::default())?;
-    let config = Config::from_gguf(&file.gguf, &args.archs.names())
+    let gguf = args.files.header(&path)?;
+    let config = Config::from_gguf(&gguf, &args.archs.names())
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let n_ctx = args
         .generation
@@ -32,9 +31,7 @@ pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
         repack: args.repacks(),
     };
     args.cache.check_head_dim(config.head_dim)?;
-    Ok(Budget::plan(
-        &file.gguf, &config, n_ctx, args.cache, holding,
-    ))
+    Ok(Budget::plan(&gguf, &config, n_ctx, args.cache, holding))
 }
 
 // ANCHOR: run

@@ -194,8 +194,15 @@ pub fn run(args: &SpecArgs) -> Result<(), Box<dyn Error>> {
     let (target, t0) = engine::load(e, fast.clone())?;
     let draft = match draft_path {
         Some(p) => Some(
-            Engine::load(p, e.load_mode(), fast, &e.archs)
-                .map_err(|err| format!("--draft-model {}: {err}", p.display()))?,
+            Engine::open(
+                &*e.files,
+                p,
+                e.load_mode(),
+                fast,
+                &e.archs,
+                Box::new(|_, _| {}),
+            )
+            .map_err(|err| format!("--draft-model {}: {err}", p.display()))?,
         ),
         None => None,
     };

@@ -39,6 +39,7 @@ pub fn args() -> ServeArgs {
         // The flags' default, llama-server's: keys and values in f16.
         cache: ch11::ch10::CacheTypes::F16,
         archs: ch11::architectures(),
+        files: std::sync::Arc::new(ch11::GgufFiles),
         formats: std::sync::Arc::new(ch11::TextOnly),
         guessing: std::sync::Arc::new(ch11::NoGuessing),
     }

@@ -1,0 +1,453 @@
+//! Hugging Face directories against the GGUF path: each directory is made from a GGUF model
+//! by Hugging Face's own libraries (`common`), converted by this chapter, and must compute
+//! the logits of the GGUF file holding the values it stores — bit for bit, since both run the
+//! same kernels on the same numbers — and tokenize as Hugging Face's `tokenizers` does and as
+//! the GGUF file's tokenizer does (chapter 2's, checked against llama.cpp).
+
+mod common;
+
+use ch17::ch06::agreement::{MAX_KL, TIE_MARGIN, greedy_step_within, kl_divergence};
+use ch17::ch13::synthetic;
+use ch17::{Checkpoints, Engine, FastLoader, Gguf, LoadMode, PoolKind, Precision, new_pool};
+use common::Recipe;
+use safetensors::Dtype;
+use serde_json::json;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use testkit::refdata::TensorFile;
+use testkit::{Target, Tolerance, assert_close};
+
+/// Logits of a BF16 directory run on chapter 8's BF16 kernels, against the F32 file of the
+/// same values: the kernels round each activation to BF16 before the products (as ggml's BF16
+/// matrices do), a relative error of up to 2⁻⁹ per value that 4 layers carry into logits of
+/// size up to about 20. Observed: at most 0.21. The bound is chapter 6's
+/// `MAX_MEAN_ABS_LOGIT` (0.5), the *mean* difference a quantized model may show, here held by
+/// every logit; and each position's distribution must be within chapter 6's `MAX_KL`.
+const BF16_LOGITS_TOL: Tolerance = Tolerance::new(0.5, 0.0);
+
+/// The layers kept of the default model: four of its thirty, at full width.
+const LAYERS: usize = 4;
+
+const PROMPT: &str = "The capital of France is Paris. The old lighthouse keeper climbed the stairs";
+
+/// A checkpoint made for these tests, and the GGUF file of the values it stores.
+struct Made {
+    dir: PathBuf,
+    reference: PathBuf,
+    /// The GGUF model it was made from.
+    source: PathBuf,
+}
+
+/// Where the tests keep what they make: cargo's directory for integration tests' files.
+fn work_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ch17-checkpoints")
+}
+
+/// The source GGUF file `id`: the default model, or chapter 13's synthetic variant `id`
+/// (built from its recipe).
+fn source(id: &str) -> PathBuf {
+    match id {
+        "default" => return shared::default_model_path().unwrap_or_else(|e| panic!("{e}")),
+        "gemma3" => {
+            let spec = &shared::model::GEMMA3_MODEL;
+            return shared::model::ensure_cached(spec).unwrap_or_else(|e| panic!("{e}"));
+        }
+        _ => {}
+    }
+    let path = work_dir().join(format!("{id}.gguf"));
+    let recipe = testkit::refdata::json(&format!("variants/{id}/model.json")).unwrap();
+    let vocab = testkit::refdata::read(recipe["vocab"].as_str().unwrap()).unwrap();
+    let vocab = Gguf::parse(&vocab).unwrap();
+    let bytes = synthetic::build(&recipe, &vocab).unwrap_or_else(|e| panic!("{id}: {e}"));
+    std::fs::create_dir_all(work_dir()).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Checkpoint `name` of model `id`, made once per test process.
+fn made(id: &str, name: &str, recipe: Recipe) -> Arc<Made> {
+    static MADE: OnceLock<Mutex<HashMap<String, Arc<Made>>>> = OnceLock::new();
+    let mut all = MADE.get_or_init(Default::default).lock().unwrap();
+    let key = format!("{id}-{name}");
+    if let Some(m) = all.get(&key) {
+        return m.clone();
+    }
+    let src_path = source(id);
+    let src = ch17::GgufFile::open(&src_path).unwrap();
+    let dir = work_dir().join(&key);
+    let _ = std::fs::remove_dir_all(&dir);
+    let reference = common::make(&src, &recipe, &dir);
+    let ref_path = work_dir().join(format!("{key}.reference.gguf"));
+    std::fs::write(&ref_path, reference).unwrap();
+    let m = Arc::new(Made {
+        dir,
+        reference: ref_path,
+        source: src_path,
+    });
+    all.insert(key, m.clone());
+    m
+}
+
+fn recipe(layers: Option<usize>, dtype: Dtype, shards: usize) -> Recipe {
+    Recipe {
+        layers,
+        dtype,
+        shards,
+        rope_scaling: None,
+        reference_in_dtype: false,
+    }
+}
+
+/// The default model's four layers, in F32 (one file) — the checkpoint most tests use.
+fn smollm2_f32() -> Arc<Made> {
+    made("default", "f32", recipe(Some(LAYERS), Dtype::F32, 1))
+}
+
+fn fast() -> FastLoader {
+    FastLoader::new(new_pool(PoolKind::Spin, 2))
+}
+
+/// The engine of a GGUF file, or of a directory at `precision`.
+fn engine(path: &Path, precision: Precision) -> Engine {
+    let files = Checkpoints { precision };
+    let (mode, archs) = (LoadMode::Read, ch17::architectures());
+    Engine::open(&files, path, mode, fast(), &archs, Box::new(|_, _| {}))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Logits at every position of [`PROMPT`] (tokenized by `engine`'s tokenizer).
+fn logits(engine: &Engine) -> (Vec<u32>, Vec<f32>) {
+    let tokens = engine.tokenizer.encode(PROMPT, true, false);
+    let logits = engine.model.logits_at_every_position(&tokens).unwrap();
+    (tokens, logits)
+}
+
+/// The directory's logits must be the reference file's, bit for bit.
+fn assert_same_logits(m: &Made, precision: Precision) {
+    let (want_tokens, want) = logits(&engine(&m.reference, None));
+    let (tokens, got) = logits(&engine(&m.dir, precision));
+    assert_eq!(
+        tokens,
+        want_tokens,
+        "{}: the prompt's tokens",
+        m.dir.display()
+    );
+    let shape = [tokens.len(), got.len() / tokens.len()];
+    assert_close("logits", &shape, &got, &want, Tolerance::EXACT);
+}
+
+#[test]
+fn an_f32_directory_computes_the_gguf_files_logits_exactly() {
+    assert_same_logits(&smollm2_f32(), None);
+}
+
+#[test]
+fn a_sharded_directory_computes_the_same_logits() {
+    let m = made(
+        "default",
+        "f32-sharded",
+        recipe(Some(LAYERS), Dtype::F32, 3),
+    );
+    assert!(m.dir.join("model.safetensors.index.json").is_file());
+    assert_same_logits(&m, None);
+}
+
+fn smollm2_bf16() -> Arc<Made> {
+    made("default", "bf16", recipe(Some(LAYERS), Dtype::BF16, 2))
+}
+
+#[test]
+fn a_bf16_directory_is_exact_in_f32_and_close_on_the_bf16_kernels() {
+    let m = smollm2_bf16();
+    // Converted to F32, the directory's BF16 values are exact.
+    assert_same_logits(&m, Some(ch17::ch06::recipe::LlamaFtype::F32));
+    // Kept in BF16, chapter 8's BF16 kernels run it.
+    let (_, want) = logits(&engine(&m.reference, None));
+    let bf16 = engine(&m.dir, None);
+    assert!(
+        bf16.model.describe_weights().contains("BF16"),
+        "{}",
+        bf16.model.describe_weights()
+    );
+    let (tokens, got) = logits(&bf16);
+    let shape = [tokens.len(), got.len() / tokens.len()];
+    let r = assert_close("bf16 logits", &shape, &got, &want, BF16_LOGITS_TOL);
+    let kl = (0..tokens.len())
+        .map(|i| {
+            let row = i * shape[1]..(i + 1) * shape[1];
+            kl_divergence(&want[row.clone()], &got[row])
+        })
+        .fold(0.0, f64::max);
+    eprintln!(
+        "bf16 against f32: largest |Δlogit| {}, largest KL {kl:.2e}",
+        r.max_abs
+    );
+    assert!(
+        kl <= MAX_KL,
+        "KL divergence {kl} at a position, more than {MAX_KL}"
+    );
+}
+
+/// Chapter 13's synthetic variants: Llama 3's RoPE factors (a tensor the converter computes
+/// from `rope_scaling`), Qwen2's biases and NeoX RoPE, YaRN with an untied output on Llama 2's
+/// SentencePiece vocabulary.
+fn variant(id: &str) -> Arc<Made> {
+    let mut r = recipe(None, Dtype::F32, 1);
+    if id == "llama3" {
+        r.rope_scaling = Some(json!({
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+        }));
+    }
+    made(id, "f32", r)
+}
+
+#[test]
+fn every_family_variant_computes_the_gguf_files_logits_exactly() {
+    for id in ["llama3", "qwen2", "yarn"] {
+        assert_same_logits(&variant(id), None);
+    }
+}
+
+/// Gemma 3 270M's first two layers in BF16, as Google publishes it: norms stored minus one,
+/// a SentencePiece-style tokenizer of 262,144 tokens without a space prefix. Its reference
+/// file keeps the matrices in BF16 too, so both run chapter 8's BF16 kernels.
+fn gemma3() -> Arc<Made> {
+    let mut r = recipe(Some(2), Dtype::BF16, 1);
+    r.reference_in_dtype = true;
+    made("gemma3", "bf16", r)
+}
+
+#[test]
+fn gemma3_computes_the_gguf_files_logits_exactly() {
+    assert_same_logits(&gemma3(), None);
+}
+
+/// The texts a tokenizer is checked on: the project's corpus for vocabulary `vocab`
+/// (`reference-data/tokenizer/corpus.json`) and llama.cpp's test texts for it.
+fn corpus(vocab: &str) -> Vec<String> {
+    let corpus = testkit::refdata::json("tokenizer/corpus.json").unwrap();
+    let mut texts: Vec<String> = corpus["vocabs"][vocab]["strings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no corpus for {vocab}"))
+        .iter()
+        .map(|s| s["text"].as_str().unwrap().to_string())
+        .collect();
+    let file = corpus["vocabs"][vocab]["file"].as_str().unwrap_or("");
+    if let Ok(inp) = testkit::refdata::read(&format!("tokenizer/{file}.inp")) {
+        let inp = String::from_utf8(inp).unwrap();
+        texts.extend(inp.split("\n__ggml_vocab_test__\n").map(str::to_string));
+    }
+    texts
+}
+
+#[test]
+fn the_tokenizer_gives_the_ids_of_tokenizers_and_of_the_gguf_file() {
+    for (vocab, m) in [
+        ("default", smollm2_f32()),
+        ("llama-bpe", variant("llama3")),
+        ("qwen2", variant("qwen2")),
+        ("llama-spm", variant("yarn")),
+        ("gemma-3", gemma3()),
+    ] {
+        let hf = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
+        let ours = engine(&m.dir, None).tokenizer;
+        let gguf =
+            ch17::Tokenizer::from_gguf(&ch17::GgufFile::open(&m.source).unwrap().gguf).unwrap();
+        let texts = corpus(vocab);
+        assert!(texts.len() >= 50, "{vocab}: {} texts", texts.len());
+        for text in &texts {
+            for add_special in [false, true] {
+                let want: Vec<u32> = hf
+                    .encode(text.as_str(), add_special)
+                    .unwrap()
+                    .get_ids()
+                    .to_vec();
+                let got = ours.encode(text, add_special, true);
+                assert_eq!(
+                    got, want,
+                    "{vocab}: {text:?} (add_special {add_special}): ours vs tokenizers"
+                );
+                let direct = gguf.encode(text, add_special, true);
+                assert_eq!(got, direct, "{vocab}: {text:?}: ours vs the GGUF file's");
+            }
+        }
+    }
+}
+
+/// `llm-rs ARGS…`, run to the end.
+fn llm_rs(args: &[&OsStr]) -> Output {
+    Command::new(testkit::program("llm-rs", Target::Bin, "llm-rs", &[]))
+        .args(args)
+        .output()
+        .expect("llm-rs runs")
+}
+
+/// The ids `llm-rs run --model MODEL` generates greedily from [`PROMPT`], with `extra` flags.
+fn generated(model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args: Vec<&OsStr> = vec!["run".as_ref(), "--model".as_ref(), model.as_os_str()];
+    args.extend(
+        ["--temp", "0", "-n", "8", "--json", PROMPT]
+            .iter()
+            .map(OsStr::new),
+    );
+    args.extend(extra.iter().map(OsStr::new));
+    testkit::json_printed(&llm_rs(&args))["ids"].clone()
+}
+
+#[test]
+fn llm_rs_runs_converts_and_inspects_a_directory() {
+    let m = smollm2_f32();
+    let want = generated(&m.reference, &[]);
+    assert_eq!(generated(&m.dir, &[]), want, "run --model DIR");
+
+    // `convert` writes the file the directory runs as; it runs the same.
+    let out = work_dir().join("converted.gguf");
+    let o = llm_rs(&["convert".as_ref(), m.dir.as_os_str(), out.as_os_str()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(generated(&out, &[]), want, "run --model CONVERTED");
+
+    // Quantized on load, or converted to the same type: the same file, the same tokens.
+    let q8 = work_dir().join("converted-q8_0.gguf");
+    let o = llm_rs(&[
+        "convert".as_ref(),
+        m.dir.as_os_str(),
+        q8.as_os_str(),
+        "Q8_0".as_ref(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let q8_file = ch17::GgufFile::open(&q8).unwrap();
+    let q = q8_file.gguf.tensor("blk.0.ffn_up.weight").unwrap();
+    assert_eq!(q.ggml_type, ch17::ch01::GgmlType::Q8_0);
+    assert_eq!(
+        generated(&m.dir, &["--quantize", "Q8_0"]),
+        generated(&q8, &[])
+    );
+
+    let o = llm_rs(&["inspect".as_ref(), m.dir.as_os_str()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("llm-rs runs architecture \"llama\""),
+        "{text}"
+    );
+    assert!(text.contains("blk.0.attn_q.weight"), "{text}");
+
+    // A directory that is not a checkpoint: an error naming what it lacks, exit status 1.
+    let empty = tempfile::tempdir().unwrap();
+    let o = llm_rs(&[
+        "run".as_ref(),
+        "--model".as_ref(),
+        empty.path().as_os_str(),
+        "Hi".as_ref(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("config.json"), "{err}");
+    let o = llm_rs(&[
+        "run".as_ref(),
+        "--model".as_ref(),
+        m.reference.as_os_str(),
+        "--quantize".as_ref(),
+        "Q4_0".as_ref(),
+        "Hi".as_ref(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "--quantize on a GGUF file");
+}
+
+#[test]
+fn llm_rs_serves_a_directory() {
+    let m = smollm2_f32();
+    let want = generated(&m.dir, &[]);
+    let dir = m.dir.to_str().unwrap();
+    let (_server, base) = testkit::serve::llm_rs_serve(&["--model", dir], Duration::from_secs(120));
+    let body = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0.0});
+    let client = reqwest::blocking::Client::new();
+    let reply: serde_json::Value = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .and_then(|r| r.json())
+        .unwrap();
+    let text = reply["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"));
+    let engine = engine(&m.dir, None);
+    let ids: Vec<u32> = want
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(text, engine.tokenizer.decode(&ids), "served: {reply}");
+}
+
+/// The F32 checkpoint's logits against llama.cpp's on the converted file: chapter 4's
+/// `LOGITS_TOL` (the same f32 arithmetic summed in another order).
+const CONVERTED_F32_TOL: Tolerance = Tolerance::new(1e-4, 1e-4);
+
+#[test]
+fn llama_cpp_runs_the_converted_files_with_the_same_logits() {
+    let manifest = testkit::refdata::manifest().unwrap();
+    for (id, m) in [
+        ("default-f32", smollm2_f32()),
+        ("default-bf16", smollm2_bf16()),
+        ("gemma3-bf16", gemma3()),
+    ] {
+        let case = &manifest["checkpoints"]["cases"][id];
+        // llama.cpp ran the file the converter makes now.
+        let converted = work_dir().join(format!("{id}.converted.gguf"));
+        ch17::Checkpoint::open(&m.dir)
+            .unwrap()
+            .write_gguf(&converted, None)
+            .unwrap();
+        let sha = shared::model::sha256_file(&converted).unwrap();
+        assert_eq!(
+            sha,
+            case["converted_sha256"].as_str().unwrap(),
+            "{id}: the converted file"
+        );
+        let refs = TensorFile::open(&format!("checkpoints/{id}.safetensors")).unwrap();
+        let (_, tokens) = refs.i64("tokens").unwrap();
+        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        let engine = engine(&m.dir, None);
+        assert_eq!(
+            engine.tokenizer.encode(PROMPT, true, false),
+            tokens,
+            "{id}: the prompt"
+        );
+        let logits = engine.model.logits_at_every_position(&tokens).unwrap();
+        let vocab = logits.len() / tokens.len();
+        let last = &logits[logits.len() - vocab..];
+        let want = refs.f32("last_logits").unwrap();
+        if id.ends_with("f32") {
+            assert_close(
+                &format!("{id} last logits"),
+                &[vocab],
+                last,
+                &want.data,
+                CONVERTED_F32_TOL,
+            );
+        } else {
+            // Two engines' BF16 products round differently: chapter 6's agreement.
+            let kl = kl_divergence(&want.data, last);
+            assert!(
+                kl <= MAX_KL,
+                "{id}: KL {kl} from llama.cpp's, more than {MAX_KL}"
+            );
+            let step = greedy_step_within(last, argmax(&want.data), TIE_MARGIN);
+            assert!(
+                step.is_ok(),
+                "{id}: the next token is not llama.cpp's, nor a near-tie"
+            );
+            eprintln!("{id}: KL from llama.cpp's {kl:.2e}");
+        }
+    }
+}
+
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}
