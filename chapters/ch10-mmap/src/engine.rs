@@ -68,11 +68,35 @@ pub trait ModelFiles: Send + Sync + std::fmt::Debug {
     fn header(&self, path: &Path) -> Result<Gguf, Box<dyn Error>>;
 }
 
-/// A model opened as a GGUF image: mapped from its file, or held in memory (a file read with
-/// `--no-mmap`, or an image another format was turned into).
+/// A model opened as a GGUF image: mapped from its file, held in memory (a file read with
+/// `--no-mmap`, or an image another format was turned into), or assembled by another format
+/// from memory maps of its own files.
 pub enum Opened {
     Mapped(GgufFile<MappedBytes>, MappedBytes),
     Read(GgufFile<ReadBytes>, ReadBytes),
+    Assembled(GgufFile<SharedBytes<Image>>, SharedBytes<Image>),
+}
+
+// ANCHOR_END: model_files
+
+// ANCHOR: image
+/// What the bytes of an assembled image can be: any buffer the matrices may view.
+pub trait ImageBytes: AsRef<[u8]> + ReleasePages + Send + Sync {}
+impl<T: AsRef<[u8]> + ReleasePages + Send + Sync> ImageBytes for T {}
+
+/// The bytes of an image another format assembled, whatever holds them.
+pub struct Image(pub Box<dyn ImageBytes>);
+
+impl AsRef<[u8]> for Image {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl ReleasePages for Image {
+    fn release(&self, range: std::ops::Range<usize>) {
+        self.0.release(range)
+    }
 }
 
 impl Opened {
@@ -81,10 +105,14 @@ impl Opened {
         match self {
             Opened::Mapped(f, _) => &f.gguf,
             Opened::Read(f, _) => &f.gguf,
+            Opened::Assembled(f, _) => &f.gguf,
         }
     }
 }
 
+// ANCHOR_END: image
+
+// ANCHOR: gguf_files
 /// GGUF files: mapped, or read into memory with [`LoadMode::Read`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GgufFiles;
@@ -108,7 +136,7 @@ impl ModelFiles for GgufFiles {
         Ok(map_gguf(path, &MapOptions::default())?.0.gguf)
     }
 }
-// ANCHOR_END: model_files
+// ANCHOR_END: gguf_files
 
 /// How the weights get from the file into the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +262,10 @@ impl Engine {
             Opened::Read(file, bytes) => {
                 let (model, gguf) = build(path, file, bytes, fast, archs, progress)?;
                 (model, gguf, None, LoadMode::Read)
+            }
+            Opened::Assembled(file, bytes) => {
+                let (model, gguf) = build(path, file, bytes, fast, archs, progress)?;
+                (model, gguf, None, mode)
             }
         };
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| in_file(path, e))?;
@@ -640,6 +672,7 @@ fn run_gpu(args: &EngineArgs, path: &Path, t0: Instant) -> Result<(), Box<dyn Er
     match args.files.open(path, args.load_mode())? {
         Opened::Mapped(file, _) => run_gpu_on(args, path, &file, t0),
         Opened::Read(file, _) => run_gpu_on(args, path, &file, t0),
+        Opened::Assembled(file, _) => run_gpu_on(args, path, &file, t0),
     }
 }
 

@@ -40,8 +40,8 @@ pub mod loader;
 pub mod mapped;
 
 pub use engine::{
-    Engine, EngineArgs, GgufFiles, LoadMode, LoadProgress, MemoryStats, ModelFiles, Opened,
-    Scheduled, memory_stats,
+    Engine, EngineArgs, GgufFiles, Image, ImageBytes, LoadMode, LoadProgress, MemoryStats,
+    ModelFiles, Opened, Scheduled, memory_stats,
 };
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{

@@ -194,7 +194,7 @@ pub fn llama3_factors(
 }
 
 /// The GGUF type a checkpoint dtype is kept as, if the engine computes on it.
-fn kept_type(dtype: Dtype) -> Option<GgmlType> {
+pub(crate) fn kept_type(dtype: Dtype) -> Option<GgmlType> {
     match dtype {
         Dtype::F32 => Some(GgmlType::F32),
         Dtype::F16 => Some(GgmlType::F16),

@@ -115,6 +115,17 @@ impl Shard {
         })
     }
 
+    /// The file's length in bytes.
+    pub fn file_len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Where tensor `name` (one of this shard's) lies in the file: bytes `start..end`.
+    pub fn file_range(&self, name: &str) -> (usize, usize) {
+        let (start, end) = self.tensors[name].data_offsets;
+        (self.data_start + start, self.data_start + end)
+    }
+
     /// The bytes of tensor `info` (one of this shard's: the header check put them inside the
     /// file).
     pub fn bytes(&self, info: &TensorInfo) -> &[u8] {

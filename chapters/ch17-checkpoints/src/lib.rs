@@ -23,16 +23,19 @@
 //!   type kept (F32, F16, BF16) or chosen by chapter 6's recipe for a file type
 //!   (`--quantize Q4_K_M`), and its bytes ([`Checkpoint::tensor_data`]); written to disk
 //!   ([`Checkpoint::write_gguf`]) or built in memory ([`Checkpoint::image`]);
+//! - `assemble` (Unix): the image without copying the weights — the shards mapped side by side
+//!   in one range of addresses after a little private memory for what the conversion writes,
+//!   the header pointing into them;
 //! - [`open`]: chapter 10's [`ModelFiles`](crate::ModelFiles) for the finished engine
-//!   ([`Checkpoints`]): a directory (or its `config.json`) becomes a GGUF image in memory, a
-//!   GGUF file opens as before.
+//!   ([`Checkpoints`]): a directory (or its `config.json`) becomes that image (or, with
+//!   `--no-mmap` or off Unix, the converted file built in memory); a GGUF file opens as before.
 //!
-//! Left for later: mapping the shards' bytes straight into the engine's matrices (the model
-//! loader takes one contiguous image, so a directory is converted into memory once, as
-//! `--no-mmap` reads a GGUF file); Unigram and WordPiece `tokenizer.json` models; tokenizers
+//! Left for later: Unigram and WordPiece `tokenizer.json` models; tokenizers
 //! with normalizers other than SentencePiece's space escaping; families other than llama,
 //! Qwen2 and Gemma 3.
 
+#[cfg(unix)]
+pub mod assemble;
 pub mod convert;
 pub mod family;
 pub mod files;

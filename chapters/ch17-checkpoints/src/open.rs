@@ -3,15 +3,19 @@
 
 use crate::convert::Precision;
 use crate::files::{Checkpoint, is_checkpoint};
-use ch16::ch01::Gguf;
-use ch16::engine::{GgufFiles, LoadMode, ModelFiles, Opened};
+use ch16::ch01::{Gguf, GgufFile};
+use ch16::engine::{GgufFiles, Image, LoadMode, ModelFiles, Opened};
+use ch16::mapped::SharedBytes;
 use std::error::Error;
 use std::path::Path;
+use std::sync::Arc;
 
 // ANCHOR: checkpoints
 /// Chapter 10's [`ModelFiles`] that also reads Hugging Face directories: a directory with a
-/// `config.json` (or that file) becomes the GGUF image [`Checkpoint::image`] builds, its
-/// matrices at `precision` (`--quantize`); anything else is a GGUF file.
+/// `config.json` (or that file) becomes a GGUF image, its matrices at `precision`
+/// (`--quantize`) — mapped over the shards where the engine maps files (`assemble`), else
+/// the converted file built in memory ([`Checkpoint::image`], as `--no-mmap` reads a GGUF
+/// file); anything else is a GGUF file.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Checkpoints {
     pub precision: Precision,
@@ -31,7 +35,17 @@ impl ModelFiles for Checkpoints {
             }
             return GgufFiles.open(path, mode);
         }
-        let (file, bytes) = Checkpoint::open(path)?.image(self.precision)?;
+        let ckpt = Checkpoint::open(path)?;
+        #[cfg(unix)]
+        if let LoadMode::Map(opts) = mode {
+            let planned = ckpt.plan(self.precision)?;
+            let (gguf, image) = crate::assemble::assemble(&ckpt, &planned)?;
+            image.advise(opts.advice);
+            let bytes = SharedBytes::whole(Arc::new(Image(Box::new(image))));
+            let file = GgufFile::from_header(gguf, bytes.clone())?;
+            return Ok(Opened::Assembled(file, bytes));
+        }
+        let (file, bytes) = ckpt.image(self.precision)?;
         Ok(Opened::Read(file, bytes))
     }
 

@@ -111,10 +111,16 @@ fn fast() -> FastLoader {
     FastLoader::new(new_pool(PoolKind::Spin, 2))
 }
 
-/// The engine of a GGUF file, or of a directory at `precision`.
+/// The engine of a GGUF file, or of a directory at `precision`, mapped (a directory's
+/// shards side by side in one image).
 fn engine(path: &Path, precision: Precision) -> Engine {
+    engine_in(path, precision, LoadMode::Map(Default::default()))
+}
+
+/// The same, loaded as `mode` says (`LoadMode::Read`: a directory converted into memory).
+fn engine_in(path: &Path, precision: Precision, mode: LoadMode) -> Engine {
     let files = Checkpoints { precision };
-    let (mode, archs) = (LoadMode::Read, ch17::architectures());
+    let archs = ch17::architectures();
     Engine::open(&files, path, mode, fast(), &archs, Box::new(|_, _| {}))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -143,6 +149,38 @@ fn assert_same_logits(m: &Made, precision: Precision) {
 #[test]
 fn an_f32_directory_computes_the_gguf_files_logits_exactly() {
     assert_same_logits(&smollm2_f32(), None);
+}
+
+#[test]
+fn the_weights_stay_in_the_shards_and_read_into_memory_compute_the_same() {
+    for m in [smollm2_f32(), gemma3()] {
+        let ckpt = ch17::Checkpoint::open(&m.dir).unwrap();
+        let planned = ckpt.plan(None).unwrap();
+        let (_, image) = ch17::assemble::assemble(&ckpt, &planned).unwrap();
+        let weights: u64 = planned.writer.tensors().iter().map(|t| t.n_bytes()).sum();
+        // Only what the conversion changes is written: llama's query and key matrices, the
+        // vectors made F32.
+        let private = image.private_bytes() as u64;
+        assert!(
+            private * 10 < weights,
+            "{}: {private} of {weights} bytes copied",
+            m.dir.display()
+        );
+        eprintln!(
+            "{}: {private} of {weights} bytes written, the rest mapped",
+            m.dir.display()
+        );
+    }
+    let m = smollm2_f32();
+    let (_, mapped) = logits(&engine(&m.dir, None));
+    let (_, read) = logits(&engine_in(&m.dir, None, LoadMode::Read));
+    assert_close(
+        "read against mapped",
+        &[read.len()],
+        &read,
+        &mapped,
+        Tolerance::EXACT,
+    );
 }
 
 #[test]

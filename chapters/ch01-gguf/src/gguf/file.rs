@@ -38,6 +38,17 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
         Ok(GgufFile { gguf, bytes })
     }
 
+    /// A file from a header made in memory ([`Gguf::new`]) and the bytes its tensors live in
+    /// (tensor `t` at `data_offset + t.offset`): for an image assembled from another format.
+    /// Every tensor must lie inside `bytes`.
+    pub fn from_header(gguf: Gguf, bytes: B) -> Result<GgufFile<B>, GgufError> {
+        let file = GgufFile { gguf, bytes };
+        for t in &file.gguf.tensors {
+            file.bytes_of(t)?;
+        }
+        Ok(file)
+    }
+
     /// The same file over a borrow of its bytes: a `GgufFile<&[u8]>`, one type whatever `B` is,
     /// for code that cannot be generic (a loader chosen at run time). The header is cloned.
     pub fn borrowed(&self) -> GgufFile<&[u8]> {

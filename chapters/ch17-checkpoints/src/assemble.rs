@@ -1,0 +1,284 @@
+//! A checkpoint as one GGUF image without copying its weights: the shards mapped side by side
+//! in one range of addresses, after a little private memory for what the conversion changes.
+//!
+//! Chapter 4's loader reads a model from one image: a header and one slice of bytes that every
+//! tensor lies in. A checkpoint's tensors lie in several files. So reserve one range of
+//! addresses (`mmap` with no access), and map into it, at fixed places: first private memory
+//! for the tensors the conversion must write (llama's reordered query and key rows, vectors
+//! made F32, Gemma's shifted norms, Llama 3's RoPE factors, anything stored in another type),
+//! then each shard file whole. The header (a [`Gguf`] made in memory) points every other tensor
+//! at its bytes inside its shard's map: those matrices are the page cache's pages, as chapter
+//! 10's are for a GGUF file.
+//!
+//! ```text
+//! base                     private                 + shard 0              + shard 1 …
+//! | reordered Q, K, norms | model-00001-of-00002.safetensors | model-00002-of-00002… |
+//!   written here            mapped read-only from the file     mapped read-only
+//! ```
+//!
+//! The maps are private and read-only, so nothing the engine does writes a shard. A shard
+//! truncated while mapped raises `SIGBUS` on the next read of a page past its end, as with a
+//! GGUF file (chapter 10); the bus-error handler does not know these maps, so the process ends
+//! with the bare signal.
+
+use crate::convert::{Planned, Source};
+use crate::files::{Checkpoint, bad};
+use ch16::ch01::{Gguf, TensorInfo};
+use ch16::mapped::{PageAdvice, ReleasePages};
+use std::error::Error;
+use std::os::fd::AsRawFd;
+
+/// GGUF's usual alignment, kept for the tensors written into the private memory.
+const ALIGN: usize = 32;
+
+// ANCHOR: assembled
+/// The image: `len` bytes at `base`, the first `private` of them private memory.
+pub struct Assembled {
+    base: *mut u8,
+    len: usize,
+    private: usize,
+}
+
+// SAFETY: the range is owned by this value alone and read-only once assembled; the pointer is
+// only ever read through `as_ref`.
+unsafe impl Send for Assembled {}
+unsafe impl Sync for Assembled {}
+
+impl AsRef<[u8]> for Assembled {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `base..base + len` is mapped readable for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.base, self.len) }
+    }
+}
+
+impl Drop for Assembled {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped by `assemble` and nothing refers to it once `self` goes
+        // (the matrices keep `self` alive through their views).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+// ANCHOR_END: assembled
+
+impl Assembled {
+    /// Bytes of private memory: what the conversion wrote rather than mapped.
+    pub fn private_bytes(&self) -> usize {
+        self.private
+    }
+
+    /// Chapter 10's page-cache hint for the shards' maps (`--advice`; `WillNeed` when the
+    /// matrices are repacked, which reads every page anyway).
+    pub fn advise(&self, advice: PageAdvice) {
+        let how = match advice {
+            PageAdvice::Normal => return,
+            PageAdvice::WillNeed => libc::MADV_WILLNEED,
+            PageAdvice::Sequential => libc::MADV_SEQUENTIAL,
+            PageAdvice::Random => libc::MADV_RANDOM,
+        };
+        if self.len > self.private {
+            // SAFETY: advice on pages of a range this value owns; it changes no byte.
+            unsafe {
+                libc::madvise(
+                    self.base.add(self.private).cast(),
+                    self.len - self.private,
+                    how,
+                )
+            };
+        }
+    }
+}
+
+impl ReleasePages for Assembled {
+    /// Pages of the shards' maps leave the resident set (they are read from the page cache
+    /// again if touched); the private memory stays, since dropping it would lose its bytes.
+    fn release(&self, range: std::ops::Range<usize>) {
+        let page = page_size();
+        let start = range.start.max(self.private).next_multiple_of(page);
+        let end = range.end.min(self.len) / page * page;
+        if start < end {
+            // SAFETY: DONTNEED on a private read-only file map only drops this process's
+            // copies of pages it never wrote; a later read faults them in from the file.
+            unsafe {
+                libc::madvise(
+                    self.base.add(start).cast(),
+                    end - start,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// Whether tensor `t` is the checkpoint's bytes as they are: no reordering, no shift, its own
+/// type (the first `rows` rows of it, for an embedding cut to the vocabulary).
+fn as_stored(source: &Source, t: &TensorInfo) -> bool {
+    match source {
+        Source::Tensor {
+            dtype,
+            permute: None,
+            shift,
+            ..
+        } => *shift == 0.0 && crate::convert::kept_type(*dtype) == Some(t.ggml_type),
+        _ => false,
+    }
+}
+
+// ANCHOR: assemble
+/// `planned`'s image over `ckpt`'s shards, mapped; the header points into it.
+pub fn assemble(ckpt: &Checkpoint, planned: &Planned) -> Result<(Gguf, Assembled), Box<dyn Error>> {
+    let page = page_size();
+    let tensors = planned.writer.tensors();
+    // Where each written tensor goes in the private memory.
+    let mut private = 0usize;
+    let mut written = Vec::new();
+    for t in tensors {
+        if !as_stored(&planned.sources[&t.name], t) {
+            written.push((t, private));
+            private = (private + t.n_bytes() as usize).next_multiple_of(ALIGN);
+        }
+    }
+    let private = private.next_multiple_of(page);
+    let mut shard_at = Vec::with_capacity(ckpt.shards.len());
+    let mut len = private;
+    for s in &ckpt.shards {
+        shard_at.push(len);
+        len += s.file_len().next_multiple_of(page);
+    }
+    let image = reserve(len.max(page), private)?;
+    for (s, &at) in ckpt.shards.iter().zip(&shard_at) {
+        map_file_at(&image, at, s)?;
+    }
+    for &(t, at) in &written {
+        let bytes = ckpt.tensor_data(planned, t)?;
+        // SAFETY: `at..at + n_bytes` lies in the private memory, mapped writable and not yet
+        // shared with anyone.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), image.base.add(at), bytes.len()) };
+    }
+    if private > 0 {
+        // SAFETY: the private memory is ours; from here on it is only read.
+        unsafe { libc::mprotect(image.base.cast(), private, libc::PROT_READ) };
+    }
+    // Every tensor at its place: written ones in the private memory, the rest in their shard.
+    let infos = tensors
+        .iter()
+        .map(|t| {
+            let offset = match written.iter().find(|(w, _)| w.name == t.name) {
+                Some(&(_, at)) => at,
+                None => {
+                    let Source::Tensor { hf, .. } = &planned.sources[&t.name] else {
+                        unreachable!("computed tensors are written")
+                    };
+                    let shard = ckpt.tensors[hf].shard;
+                    shard_at[shard] + ckpt.shards[shard].file_range(hf).0
+                }
+            };
+            TensorInfo {
+                offset: offset as u64,
+                ..t.clone()
+            }
+        })
+        .collect();
+    let w = &planned.writer;
+    Ok((
+        Gguf::new(3, w.metadata().to_vec(), infos, ALIGN as u64, 0),
+        image,
+    ))
+}
+// ANCHOR_END: assemble
+
+/// `len` bytes of addresses reserved, the first `private` of them writable private memory.
+fn reserve(len: usize, private: usize) -> Result<Assembled, Box<dyn Error>> {
+    use libc::{MAP_ANONYMOUS, MAP_FAILED, MAP_FIXED, MAP_NORESERVE, MAP_PRIVATE, PROT_NONE};
+    // SAFETY: a new anonymous mapping at an address the kernel chooses touches nothing else.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            PROT_NONE,
+            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == MAP_FAILED {
+        return Err(format!(
+            "cannot reserve {len} bytes of addresses: {}",
+            std::io::Error::last_os_error()
+        )
+        .into());
+    }
+    let image = Assembled {
+        base: base.cast(),
+        len,
+        private,
+    };
+    if private > 0 {
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: the range lies in the reservation `image` owns.
+        let p = unsafe {
+            libc::mmap(
+                base,
+                private,
+                rw,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == MAP_FAILED {
+            return Err(format!(
+                "cannot map {private} bytes: {}",
+                std::io::Error::last_os_error()
+            )
+            .into());
+        }
+    }
+    Ok(image)
+}
+
+/// Shard `s`'s file mapped read-only at byte `at` of `image`.
+fn map_file_at(
+    image: &Assembled,
+    at: usize,
+    s: &crate::files::Shard,
+) -> Result<(), Box<dyn Error>> {
+    let file =
+        std::fs::File::open(&s.path).map_err(|e| bad(&s.path, format!("cannot open: {e}")))?;
+    let len = file
+        .metadata()
+        .map_err(|e| bad(&s.path, format!("cannot stat: {e}")))?
+        .len() as usize;
+    if len != s.file_len() {
+        return Err(bad(&s.path, "changed since it was opened").into());
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let flags = libc::MAP_PRIVATE | libc::MAP_FIXED;
+    // SAFETY: `at..at + len` lies in the reservation `image` owns (its length was summed from
+    // these very shards); the map is read-only, under chapter 10's contract for model files.
+    let p = unsafe {
+        libc::mmap(
+            image.base.add(at).cast(),
+            len,
+            libc::PROT_READ,
+            flags,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(bad(
+            &s.path,
+            format!("cannot map: {}", std::io::Error::last_os_error()),
+        )
+        .into());
+    }
+    Ok(())
+}
