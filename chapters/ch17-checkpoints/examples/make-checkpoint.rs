@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Weights are written by Hugging Face's `safetensors`, the tokenizer by its `tokenizers`
-//! (see `tests/common`). Beside `OUT_DIR`, `OUT_DIR.reference.gguf` holds the values the
-//! directory stores in llama.cpp's layout: what converting the directory gives.
+//! (see `tests/common`). With `--reference`, `OUT_DIR.reference.gguf` beside it holds the
+//! values the directory stores in llama.cpp's layout, in F32: what converting the directory
+//! must compute.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -32,6 +33,9 @@ struct Args {
     /// Split the weights into this many shards, with an index.
     #[arg(long, default_value_t = 1)]
     shards: usize,
+    /// Also write OUT_DIR.reference.gguf (F32: four times a BF16 directory's size).
+    #[arg(long)]
+    reference: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -63,12 +67,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reference = common::make(&src, &recipe, &args.out);
     let mut ref_path = args.out.clone().into_os_string();
     ref_path.push(".reference.gguf");
-    std::fs::write(&ref_path, reference)?;
+    if args.reference {
+        std::fs::write(&ref_path, reference)?;
+    }
     let mut files: Vec<String> = std::fs::read_dir(&args.out)?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
     files.sort();
     println!("{}: {}", args.out.display(), files.join(", "));
-    println!("reference: {}", PathBuf::from(ref_path).display());
+    if args.reference {
+        println!("reference: {}", PathBuf::from(ref_path).display());
+    }
     Ok(())
 }

@@ -489,7 +489,7 @@ fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
 }
 
 /// Little-endian `dtype` values as f32 (`dtype` is one [`kept_type`] accepts).
-fn to_f32(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
+pub fn to_f32(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
     match dtype {
         Dtype::F16 => bytes
             .chunks_exact(2)

@@ -109,22 +109,9 @@ fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
     }
 }
 
+/// The stored values back as f32: chapter 17's own decoding (what converting them does).
 fn decode(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
-    match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        d => panic!("no test checkpoints in {d:?}"),
-    }
+    ch17::convert::to_f32(bytes, dtype)
 }
 
 /// Tensor `t` of `src` in f32, by chapter 6's dequantizers (chapter 1's know fewer types).
