@@ -72,6 +72,7 @@ pub fn tokenizer_keys(ckpt: &Checkpoint) -> Result<(Meta, usize), CheckpointErro
         || has_step(tok.get("decoder"), "ByteLevel");
     let merges = read_merges(model).map_err(err)?;
     if byte_level {
+        byte_level_normalizer(tok.get("normalizer")).map_err(err)?;
         let pre = pre_name(ckpt, model).map_err(err)?;
         meta.push(("tokenizer.ggml.model".into(), Value::String("gpt2".into())));
         meta.push(("tokenizer.ggml.pre".into(), Value::String(pre.into())));
@@ -234,6 +235,23 @@ fn has_step(step: Option<&Json>, ty: &str) -> bool {
             .flatten()
             .any(|s| has_step(Some(s), ty)),
         _ => false,
+    }
+}
+
+/// A byte-level pipeline's normalizer: none, or Unicode's NFC (Qwen2's), which llama.cpp's
+/// converter drops and its tokenizer does not apply either — text is almost always NFC
+/// already, and on text that is not, both engines give the same ids, not Hugging Face's.
+/// Anything else would change the ids of ordinary text: refused.
+fn byte_level_normalizer(step: Option<&Json>) -> Result<(), String> {
+    match step
+        .filter(|s| !s.is_null())
+        .map(|s| s.get("type").and_then(Json::as_str))
+    {
+        None | Some(Some("NFC")) => Ok(()),
+        Some(other) => Err(format!(
+            "normalizer: {} is not run by a byte-level tokenizer here",
+            other.unwrap_or("?")
+        )),
     }
 }
 

@@ -265,6 +265,11 @@ fn a_tokenizer_the_engine_cannot_run_exactly_is_refused() {
     refused(dir.path(), &["tokenizer.json", "5000000"]);
     let dir = checkpoint(|_, t, _| t["pre_tokenizer"] = json!({"type": "Whitespace"}));
     refused(dir.path(), &["tokenizer.json", "Whitespace"]);
+    let dir = checkpoint(|_, t, _| t["normalizer"] = json!({"type": "Lowercase"}));
+    refused(dir.path(), &["tokenizer.json", "normalizer", "Lowercase"]);
+    // Qwen2's NFC is what llama.cpp's converter drops too.
+    let dir = checkpoint(|_, t, _| t["normalizer"] = json!({"type": "NFC"}));
+    assert!(load(dir.path()).is_ok());
 }
 
 #[test]
