@@ -5,8 +5,8 @@
 
 use crate::loader::ViewLoader;
 use crate::mapped::{
-    MapOptions, MappedBytes, MappedFile, PageAdvice, ReadBytes, ReleasePages, SharedBytes,
-    map_gguf, read_gguf,
+    AlignedBuf, MapOptions, MappedBytes, MappedFile, PageAdvice, ReleasePages, SharedBytes,
+    map_gguf,
 };
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
@@ -68,23 +68,23 @@ pub trait ModelFiles: Send + Sync + std::fmt::Debug {
     fn header(&self, path: &Path) -> Result<Gguf, Box<dyn Error>>;
 }
 
-/// A model opened as a GGUF image: mapped from its file, held in memory (a file read with
-/// `--no-mmap`, or an image another format was turned into), or assembled by another format
-/// from memory maps of its own files.
+/// A model opened as a GGUF image: a GGUF file mapped (which can tell, when something fails,
+/// whether the file changed underneath), or an image held by anything else — a file read with
+/// `--no-mmap`, or what another format was turned into.
 pub enum Opened {
     Mapped(GgufFile<MappedBytes>, MappedBytes),
-    Read(GgufFile<ReadBytes>, ReadBytes),
-    Assembled(GgufFile<SharedBytes<Image>>, SharedBytes<Image>),
+    Held(GgufFile<SharedBytes<Image>>, SharedBytes<Image>),
 }
 
 // ANCHOR_END: model_files
 
 // ANCHOR: image
-/// What the bytes of an assembled image can be: any buffer the matrices may view.
+/// What holds the bytes of an image: any buffer the matrices may view.
 pub trait ImageBytes: AsRef<[u8]> + ReleasePages + Send + Sync {}
 impl<T: AsRef<[u8]> + ReleasePages + Send + Sync> ImageBytes for T {}
 
-/// The bytes of an image another format assembled, whatever holds them.
+/// The bytes of an image, whatever holds them: memory read from a file, maps assembled by
+/// another format.
 pub struct Image(pub Box<dyn ImageBytes>);
 
 impl AsRef<[u8]> for Image {
@@ -100,12 +100,18 @@ impl ReleasePages for Image {
 }
 
 impl Opened {
+    /// The GGUF file `image` holds, parsed (errors name `path`).
+    pub fn held(path: &Path, image: Image) -> Result<Opened, Box<dyn Error>> {
+        let bytes = SharedBytes::whole(Arc::new(image));
+        let file = GgufFile::from_bytes(bytes.clone()).map_err(|e| in_file(path, e))?;
+        Ok(Opened::Held(file, bytes))
+    }
+
     /// The parsed header.
     pub fn gguf(&self) -> &Gguf {
         match self {
             Opened::Mapped(f, _) => &f.gguf,
-            Opened::Read(f, _) => &f.gguf,
-            Opened::Assembled(f, _) => &f.gguf,
+            Opened::Held(f, _) => &f.gguf,
         }
     }
 }
@@ -124,10 +130,7 @@ impl ModelFiles for GgufFiles {
                 let (file, bytes) = map_gguf(path, &opts)?;
                 Opened::Mapped(file, bytes)
             }
-            LoadMode::Read => {
-                let (file, bytes) = read_gguf(path)?;
-                Opened::Read(file, bytes)
-            }
+            LoadMode::Read => Opened::held(path, Image(Box::new(AlignedBuf::read_file(path)?)))?,
         })
     }
 
@@ -259,11 +262,7 @@ impl Engine {
                     .map_err(|e| mapped.check_unchanged().map_or_else(|c| c.into(), |()| e))?;
                 (model, gguf, Some(mapped), mode)
             }
-            Opened::Read(file, bytes) => {
-                let (model, gguf) = build(path, file, bytes, fast, archs, progress)?;
-                (model, gguf, None, LoadMode::Read)
-            }
-            Opened::Assembled(file, bytes) => {
+            Opened::Held(file, bytes) => {
                 let (model, gguf) = build(path, file, bytes, fast, archs, progress)?;
                 (model, gguf, None, mode)
             }
@@ -671,8 +670,7 @@ fn run_gpu(_: &EngineArgs, _: &Path, _: Instant) -> Result<(), Box<dyn Error>> {
 fn run_gpu(args: &EngineArgs, path: &Path, t0: Instant) -> Result<(), Box<dyn Error>> {
     match args.files.open(path, args.load_mode())? {
         Opened::Mapped(file, _) => run_gpu_on(args, path, &file, t0),
-        Opened::Read(file, _) => run_gpu_on(args, path, &file, t0),
-        Opened::Assembled(file, _) => run_gpu_on(args, path, &file, t0),
+        Opened::Held(file, _) => run_gpu_on(args, path, &file, t0),
     }
 }
 

@@ -4,17 +4,16 @@
 use crate::family::{Meta, permute_rows};
 use crate::files::{Checkpoint, CheckpointError, bad};
 use crate::vocab::tokenizer_keys;
-use ch16::ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
+use ch16::ch01::{GgmlType, Gguf, TensorInfo, Value};
 use ch16::ch06::gguf_write::GgufWriter;
 use ch16::ch06::recipe::{GGML_QNT_VERSION, LlamaFtype, Plan};
 use ch16::ch06::requantize;
-use ch16::mapped::{AlignedBuf, ReadBytes, SharedBytes};
+use ch16::mapped::AlignedBuf;
 use safetensors::Dtype;
 use serde_json::Value as Json;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 /// What the weights are stored as: `None` keeps the checkpoint's type for every matrix (and
 /// F32 for vectors, as llama.cpp's converter does); a file type (`F16`, `Q4_K_M`, …) is
@@ -445,11 +444,8 @@ impl Checkpoint {
         Ok(n)
     }
 
-    /// The same file built in memory, parsed: what the engine loads a directory as.
-    pub fn image(
-        &self,
-        precision: Precision,
-    ) -> Result<(GgufFile<ReadBytes>, ReadBytes), Box<dyn std::error::Error>> {
+    /// The same file built in memory: what the engine loads a directory as with `--no-mmap`.
+    pub fn image(&self, precision: Precision) -> Result<AlignedBuf, Box<dyn std::error::Error>> {
         let planned = self.plan(precision)?;
         let size = usize::try_from(planned.writer.file_size())?;
         let mut buf = AlignedBuf::zeroed(size);
@@ -457,10 +453,7 @@ impl Checkpoint {
         planned
             .writer
             .write(&mut out, |t| self.tensor_data(&planned, t))?;
-        let bytes = SharedBytes::whole(Arc::new(buf));
-        let file =
-            GgufFile::from_bytes(bytes.clone()).map_err(|e| bad(&self.dir, e.to_string()))?;
-        Ok((file, bytes))
+        Ok(buf)
     }
     // ANCHOR_END: write
 }

@@ -271,7 +271,7 @@ fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Claims), CheckpointError> {
             .get("weight_map")
             .and_then(Json::as_object)
             .ok_or_else(|| bad(&index_path, "weight_map: missing, or not an object"))?;
-        let mut files: Vec<&str> = Vec::new();
+        let mut files = std::collections::BTreeSet::new();
         let mut claims = Vec::with_capacity(map.len());
         for (tensor, file) in map {
             let file = file
@@ -282,16 +282,13 @@ fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Claims), CheckpointError> {
                 let why = format!("weight_map.{tensor}: {file:?} is not a file in the directory");
                 return Err(bad(&index_path, why));
             }
-            if !files.contains(&file) {
-                files.push(file);
-            }
+            files.insert(file);
             claims.push((tensor.clone(), dir.join(file)));
         }
         if files.len() > MAX_SHARDS {
             let why = format!("{} shards: more than {MAX_SHARDS}", files.len());
             return Err(bad(&index_path, why));
         }
-        files.sort_unstable();
         return Ok((files.into_iter().map(|f| dir.join(f)).collect(), claims));
     }
     let single = dir.join("model.safetensors");

@@ -43,10 +43,9 @@ impl ModelFiles for Checkpoints {
             image.advise(opts.advice);
             let bytes = SharedBytes::whole(Arc::new(Image(Box::new(image))));
             let file = GgufFile::from_header(gguf, bytes.clone())?;
-            return Ok(Opened::Assembled(file, bytes));
+            return Ok(Opened::Held(file, bytes));
         }
-        let (file, bytes) = ckpt.image(self.precision)?;
-        Ok(Opened::Read(file, bytes))
+        Opened::held(path, Image(Box::new(ckpt.image(self.precision)?)))
     }
 
     /// A directory's header is planned without reading a tensor.
