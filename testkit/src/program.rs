@@ -5,7 +5,8 @@
 //! (`CARGO_BIN_EXE_<name>`), but not of examples or of another package's binaries, and builds
 //! examples only when no single test is named. So [`program`] asks cargo to build the program
 //! with the profile the test was built with (`test`, or `bench` under `--release`, which is
-//! what `cargo test` builds examples with): after a plain `cargo test` that is a no-op, after
+//! what `cargo test` builds examples with), selecting the packages the test's own build
+//! selected: after a plain `cargo test` (or `cargo test --workspace`) that is a no-op, after
 //! `cargo test --test NAME` it is the build the test needs, and after an edit it is the
 //! rebuild — a test never runs a stale program.
 
@@ -62,9 +63,24 @@ fn build(package: &str, target: Target, name: &str, features: &[&str]) -> PathBu
         .arg(root.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(target_dir)
-        .args(["--profile", profile, "-p", package, flag, name]);
-    if !features.is_empty() {
-        cmd.args(["--features", &features.join(",")]);
+        .args(["--profile", profile, flag, name]);
+    // Cargo resolves the features of every dependency, proc-macros included, for the packages
+    // a command selects and the dev-dependencies of their targets: `-p ch11` alone and the
+    // whole workspace give different builds of tokio, serde and the rest, each compiled once.
+    // Under `cargo test --workspace` this crate is one of the selected packages, and a build
+    // that selects the same (the workspace, every package's tests) is the one already made.
+    let workspace = option_env!("CARGO_PRIMARY_PACKAGE").is_some();
+    if workspace {
+        cmd.args(["--workspace", "--tests"]);
+        if !features.is_empty() {
+            let named: Vec<String> = features.iter().map(|f| format!("{package}/{f}")).collect();
+            cmd.args(["--features", &named.join(",")]);
+        }
+    } else {
+        cmd.args(["-p", package]);
+        if !features.is_empty() {
+            cmd.args(["--features", &features.join(",")]);
+        }
     }
     let out = cmd
         .output()

@@ -359,7 +359,29 @@ impl Model {
         tokens: &[u32],
         kv: &mut K,
     ) -> Result<Vec<f32>, ForwardError> {
-        let batch = Batch::sequence(0, tokens, 0, true);
+        self.logits_from_in(tokens, 0, kv)
+    }
+
+    /// The logits of positions `from..` of `tokens`, one sequence in one batch on a fresh
+    /// store: `(tokens.len() - from, vocab)`. A teacher-forced check needs only the rows from
+    /// the prompt's last token on, and the output projection is the largest product of a
+    /// model with a large vocabulary.
+    pub fn logits_from(&self, tokens: &[u32], from: usize) -> Result<Vec<f32>, ForwardError> {
+        self.logits_from_in(tokens, from, &mut self.new_kv())
+    }
+
+    /// [`Model::logits_from`] with the keys and values kept in `kv` (an empty store: sequence
+    /// 0 from position 0).
+    pub fn logits_from_in<K: KvStore>(
+        &self,
+        tokens: &[u32],
+        from: usize,
+        kv: &mut K,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let mut batch = Batch::sequence(0, tokens, 0, true);
+        for (i, wanted) in batch.logits.iter_mut().enumerate() {
+            *wanted = i >= from;
+        }
         self.forward(&batch, kv, &mut crate::NoObserver)
     }
 

@@ -2,10 +2,10 @@
 //! after each character of a text.
 //!
 //! ```text
-//! cargo run -q -p ch15 --example trace                     # the book's grammar and text
-//! cargo run -q -p ch15 --example trace -- GRAMMAR TEXT
-//! cargo run -q -p ch15 --example trace -- --rules [GRAMMAR] # the rules it parses into
-//! cargo run -q -p ch15 --example trace -- --schema SCHEMA  # the grammar of a JSON Schema
+//! cargo run -q -p ch15 --example match-trace                     # the book's grammar and text
+//! cargo run -q -p ch15 --example match-trace -- GRAMMAR TEXT
+//! cargo run -q -p ch15 --example match-trace -- --rules [GRAMMAR] # the rules it parses into
+//! cargo run -q -p ch15 --example match-trace -- --schema SCHEMA  # the grammar of a JSON Schema
 //! ```
 //!
 //! With `--rules`, each rule is shown as llama.cpp's element array and as the GBNF it now

@@ -1,7 +1,7 @@
 //! One generation with prompt lookup, pass by pass: what was guessed, how much of it held,
 //! and the token the model added. Greedy, on the default model (or `--model FILE`).
 //!
-//! `cargo run --release -p ch16 --example trace -- [--model FILE] [-n 40] [PROMPT]`
+//! `cargo run --release -p ch16 --example spec-trace -- [--model FILE] [-n 40] [PROMPT]`
 
 use ch16::engine::{Engine, LoadMode};
 use ch16::mapped::MapOptions;
