@@ -97,7 +97,7 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let gguf = if ch17::files::is_checkpoint(&path) {
-        let file = GgufFile::from_bytes(Checkpoint::open(&path)?.image(None)?)?;
+        let (file, _) = ch17::mapped::held_gguf(&path, Checkpoint::open(&path)?.image(None)?)?;
         print!("{}", ch17::ch01::inspect::summary(&file, &name));
         file.gguf
     } else {

@@ -69,6 +69,8 @@ fn build(package: &str, target: Target, name: &str, features: &[&str]) -> PathBu
     // whole workspace give different builds of tokio, serde and the rest, each compiled once.
     // Under `cargo test --workspace` this crate is one of the selected packages, and a build
     // that selects the same (the workspace, every package's tests) is the one already made.
+    // (An example's name is then looked up across the workspace: no two packages may share
+    // one, as they would share its file in `examples/` anyway.)
     let workspace = option_env!("CARGO_PRIMARY_PACKAGE").is_some();
     if workspace {
         cmd.args(["--workspace", "--tests"]);

@@ -6,7 +6,7 @@
 use crate::loader::ViewLoader;
 use crate::mapped::{
     AlignedBuf, MapOptions, MappedBytes, MappedFile, PageAdvice, ReleasePages, SharedBytes,
-    map_gguf,
+    held_gguf, map_gguf,
 };
 use ch08::cli::{self, Args, ContextFull, Runner};
 use ch08::{
@@ -102,8 +102,7 @@ impl ReleasePages for Image {
 impl Opened {
     /// The GGUF file `image` holds, parsed (errors name `path`).
     pub fn held(path: &Path, image: Image) -> Result<Opened, Box<dyn Error>> {
-        let bytes = SharedBytes::whole(Arc::new(image));
-        let file = GgufFile::from_bytes(bytes.clone()).map_err(|e| in_file(path, e))?;
+        let (file, bytes) = held_gguf(path, image)?;
         Ok(Opened::Held(file, bytes))
     }
 

@@ -46,7 +46,7 @@ pub use engine::{
 pub use loader::{MappedLoader, TensorBytes, ViewLoader, block_align};
 pub use mapped::{
     AlignedBuf, FileChanged, MapOptions, MappedBytes, MappedFile, OpenError, PageAdvice, ReadBytes,
-    ReleasePages, SharedBytes, map_gguf, read_gguf,
+    ReleasePages, SharedBytes, held_gguf, map_gguf, read_gguf,
 };
 
 /// Everything earlier chapters offer, so `ch10` reads as "the engine as of chapter 10".

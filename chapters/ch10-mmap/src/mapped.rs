@@ -484,7 +484,16 @@ pub fn map_gguf(
 /// Read the GGUF file at `path` into aligned memory and parse it: the `--no-mmap` path, the
 /// same views over a private copy.
 pub fn read_gguf(path: &Path) -> Result<(GgufFile<ReadBytes>, ReadBytes), OpenError> {
-    let bytes = SharedBytes::whole(Arc::new(AlignedBuf::read_file(path)?));
+    held_gguf(path, AlignedBuf::read_file(path)?)
+}
+
+/// Parse the GGUF image that `owner` holds in memory, read or made from `path` (errors name
+/// it): views over `owner`, shared by the file and the matrices.
+pub fn held_gguf<O: AsRef<[u8]>>(
+    path: &Path,
+    owner: O,
+) -> Result<(GgufFile<SharedBytes<O>>, SharedBytes<O>), OpenError> {
+    let bytes = SharedBytes::whole(Arc::new(owner));
     let file = GgufFile::from_bytes(bytes.clone()).map_err(|e| in_file(path, e))?;
     Ok((file, bytes))
 }
