@@ -22,6 +22,11 @@ pub enum Target {
     Bin,
 }
 
+/// Set (to anything) when a test's own build selected the `workspace-hack` package beside its
+/// package (`cargo test -p workspace-hack -p chNN`): [`program`] then builds with that
+/// selection too, so the program's dependencies are the ones that build compiled.
+pub const WITH_WORKSPACE_HACK: &str = "LLM_RS_WITH_WORKSPACE_HACK";
+
 /// The path of `package`'s example or binary `name`, built with the features `features` (each
 /// program built once per test process).
 pub fn program(package: &str, target: Target, name: &str, features: &[&str]) -> PathBuf {
@@ -74,6 +79,14 @@ fn build(package: &str, target: Target, name: &str, features: &[&str]) -> PathBu
     let workspace = option_env!("CARGO_PRIMARY_PACKAGE").is_some();
     if workspace {
         cmd.args(["--workspace", "--tests"]);
+        if !features.is_empty() {
+            let named: Vec<String> = features.iter().map(|f| format!("{package}/{f}")).collect();
+            cmd.args(["--features", &named.join(",")]);
+        }
+    } else if std::env::var_os(WITH_WORKSPACE_HACK).is_some() {
+        // The test's build selected workspace-hack beside `package` (CI does, see
+        // workspace-hack/Cargo.toml): select the same, and the dependencies are that build's.
+        cmd.args(["-p", "workspace-hack", "-p", package]);
         if !features.is_empty() {
             let named: Vec<String> = features.iter().map(|f| format!("{package}/{f}")).collect();
             cmd.args(["--features", &named.join(",")]);

@@ -335,9 +335,13 @@ impl Attention {
     /// `s.k` and `s.v` (`(n, n_head_kv, head_dim)`), with the biases the layer has.
     pub fn project(&self, w: &AttentionWeights, x: &[f32], n: usize, s: &mut AttnScratch) {
         s.fit(self, n);
-        w.wq.matmul(x, &mut s.q); // (n, n_head, head_dim)
-        w.wk.matmul(x, &mut s.k); // (n, n_head_kv, head_dim)
-        w.wv.matmul(x, &mut s.v); // (n, n_head_kv, head_dim)
+        // s.q: (n, n_head, head_dim); s.k, s.v: (n, n_head_kv, head_dim). One input, three
+        // products: a fast matrix type does them as one.
+        w.wq.matmul_fused(
+            &[&*w.wk, &*w.wv],
+            x,
+            &mut [&mut s.q[..], &mut s.k[..], &mut s.v[..]],
+        );
         add_bias(&mut s.q, &w.bias.q);
         add_bias(&mut s.k, &w.bias.k);
         add_bias(&mut s.v, &w.bias.v);

@@ -32,6 +32,30 @@ pub trait Matrix: Send + Sync {
     fn get_row(&self, r: usize, out: &mut [f32]);
     /// A short description for diagnostics, e.g. `"F32 dense"` or `"Q4_1"`.
     fn describe(&self) -> String;
+
+    /// Products that share one input: `outs[0] = x Wᵀ` for this matrix and `outs[i] = x Wᵢᵀ`
+    /// for `others[i - 1]` — a layer's Q, K and V projections, its gate and up. By default each
+    /// is a product of its own. A matrix type that can share the work done on the input
+    /// overrides it: chapter 8 quantizes `x` once and computes every matrix's rows in one
+    /// parallel job.
+    fn matmul_fused(&self, others: &[&dyn Matrix], x: &[f32], outs: &mut [&mut [f32]]) {
+        assert_eq!(
+            outs.len(),
+            others.len() + 1,
+            "matmul_fused: one output per matrix"
+        );
+        self.matmul(x, outs[0]);
+        for (w, out) in others.iter().zip(&mut outs[1..]) {
+            w.matmul(x, out);
+        }
+    }
+
+    /// This matrix as [`Any`](std::any::Any), so that an override of
+    /// [`Matrix::matmul_fused`] can recognise matrices of its own kind among `others`. `None`
+    /// (the default): it is not one of them.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// Why a tensor could not become a [`Matrix`].

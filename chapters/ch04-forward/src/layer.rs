@@ -34,8 +34,8 @@ impl FeedForward {
         gate.resize(n * n_ff, 0.0); // (n, n_ff)
         up.resize(n * n_ff, 0.0); // (n, n_ff)
         // ANCHOR: yours_ffn
-        self.gate.matmul(x, gate);
-        self.up.matmul(x, up);
+        self.gate
+            .matmul_fused(&[&*self.up], x, &mut [&mut gate[..], &mut up[..]]);
         if obs.enabled() {
             obs.observe(&format!("ffn_gate-{layer}"), &[n, n_ff], gate);
             obs.observe(&format!("ffn_up-{layer}"), &[n, n_ff], up);

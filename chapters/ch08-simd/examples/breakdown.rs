@@ -90,6 +90,27 @@ impl Matrix for TimedMatrix {
     fn matmul(&self, x: &[f32], out: &mut [f32]) {
         Clock::time(&self.1.products, || self.0.matmul(x, out))
     }
+    /// The products a layer fuses (Q, K and V; gate and up) stay fused: the inner matrices
+    /// of timed `others` are handed on.
+    fn matmul_fused(&self, others: &[&dyn Matrix], x: &[f32], outs: &mut [&mut [f32]]) {
+        let mut inners = [&*self.0; 3]; // a layer fuses at most three: Q, K and V
+        for (i, &m) in inners.iter_mut().zip(others) {
+            *i = match m.as_any().and_then(|a| a.downcast_ref::<Self>()) {
+                Some(t) => &*t.0,
+                None => m,
+            };
+        }
+        let inners = &inners[..others.len().min(inners.len())];
+        assert_eq!(
+            inners.len(),
+            others.len(),
+            "breakdown: at most 3 other matrices"
+        );
+        Clock::time(&self.1.products, || self.0.matmul_fused(inners, x, outs))
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn get_row(&self, r: usize, out: &mut [f32]) {
         self.0.get_row(r, out)
     }

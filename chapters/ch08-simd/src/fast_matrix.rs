@@ -10,6 +10,10 @@
 //!    computes its rows for every token, so each weight row is read from memory once per
 //!    product, whatever the number of tokens.
 //!
+//! Products that share an input (chapter 3's `Matrix::matmul_fused`: a layer's Q, K and V, its
+//! gate and up) are one such product when the matrices take the same activation type: the
+//! input quantized once, all their row groups in one parallel job.
+//!
 //! Rows are stored in one of two ways. [`Store::Packed`]: 16 rows interleaved for the
 //! micro-kernels of [`crate::gemm`] (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, on CPUs with
 //! AVX-512 VNNI).
@@ -23,6 +27,7 @@ use crate::gemm::{ActPanels, GROUP, OutPtr, PackedMatrix, block_size, pack_check
 use crate::kernels::{KernelSet, TypeKernels};
 use crate::pool::Parallel;
 use crate::qmatrix::QMatrix;
+use crate::quants::VecDot;
 use crate::quants::type_traits;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -34,6 +39,8 @@ const TASKS_PER_THREAD: usize = 4;
 const QUANT_CHUNK: usize = 8;
 /// Tokens the row-at-a-time path computes per weight row while the row is in L1.
 const ROW_TILE: usize = 16;
+/// The most matrices one fused product takes (a layer's Q, K and V are three).
+const MAX_FUSED: usize = 4;
 
 /// How a [`FastMatrix`] keeps its weights.
 pub enum Store<S> {
@@ -79,7 +86,7 @@ thread_local! {
     static ROW: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
+impl<S: AsRef<[u8]> + Send + Sync + 'static> FastMatrix<S> {
     /// Wrap `q`, packing its rows when `pack` is set and its type and the CPU allow it.
     pub fn new(
         name: &str,
@@ -125,8 +132,28 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
         (units * i / n)..(units * (i + 1) / n)
     }
 
+    /// The units (row groups) that task `i` of `n` takes of parts of `units` units each, as
+    /// `(part, range of its units)`: the parts' units side by side, cut into `n` even ranges.
+    fn part_ranges(
+        units: &[usize],
+        n: usize,
+        i: usize,
+    ) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> {
+        let r = Self::task_range(units.iter().sum(), n, i);
+        let mut base = 0;
+        units.iter().enumerate().filter_map(move |(part, &u)| {
+            let (lo, hi) = (r.start.max(base), r.end.min(base + u));
+            let at = base;
+            base += u;
+            (lo < hi).then(|| (part, lo - at..hi - at))
+        })
+    }
+
     // ANCHOR: matmul_packed
-    fn matmul_packed(&self, p: &PackedMatrix, x: &[f32], out: &mut [f32]) {
+    /// `out = x Wᵀ` for every part `(W, out)` — one matrix, or several that share the input
+    /// `x` and its activation type (a layer's Q, K and V): the activations are quantized once,
+    /// and every part's row groups are one parallel job.
+    fn matmul_packed(&self, parts: &[(&PackedMatrix, OutPtr)], x: &[f32]) {
         let n = x.len() / self.cols;
         let k = &self.kernels;
         PANELS.with_borrow_mut(|acts| {
@@ -147,24 +174,32 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
                     })
                 });
             }
-            // 2. Each task computes a range of row groups for all tokens.
-            let dst = OutPtr(out.as_mut_ptr());
-            let tasks = self.n_tasks(p.groups);
+            // 2. Each task computes a range of the parts' row groups for all tokens.
+            let mut units = [0; MAX_FUSED];
+            for (u, (p, _)) in units.iter_mut().zip(parts) {
+                *u = p.groups;
+            }
+            let units = &units[..parts.len()];
+            let tasks = self.n_tasks(units.iter().sum());
             let acts = &*acts;
             self.pool.run(tasks, &|i| {
-                let groups = Self::task_range(p.groups, tasks, i);
-                // SAFETY: `out` holds (n, rows) floats (checked in `matmul`, and `p.rows` is
-                // `self.rows`); tasks take disjoint ranges of row groups.
-                unsafe { p.gemm_groups(acts, groups, dst) };
+                for (part, groups) in Self::part_ranges(units, tasks, i) {
+                    let (p, dst) = parts[part];
+                    // SAFETY: each part's `out` holds (n, rows) floats (checked by the
+                    // caller, `checked_n`); tasks take disjoint ranges of each part's groups.
+                    unsafe { p.gemm_groups(acts, groups, dst) };
+                }
             });
         });
     }
     // ANCHOR_END: matmul_packed
 
-    fn matmul_rows(&self, q: &QMatrix<S>, x: &[f32], out: &mut [f32]) {
+    /// As [`FastMatrix::matmul_packed`], for rows kept as the file's blocks: each part is
+    /// multiplied with its own `vec_dot`.
+    fn matmul_rows(&self, parts: &[(&QMatrix<S>, VecDot, SharedMut<f32>)], x: &[f32]) {
         let n = x.len() / self.cols;
         let k = &self.kernels;
-        let arb = q.act_row_bytes();
+        let arb = parts[0].0.act_row_bytes();
         ACTS.with_borrow_mut(|acts| {
             acts.resize(n * arb, 0);
             if n < 2 * QUANT_CHUNK || self.pool.threads() == 1 {
@@ -185,44 +220,39 @@ impl<S: AsRef<[u8]> + Send + Sync> FastMatrix<S> {
                 });
             }
             let acts = &acts[..];
-            let dst = SharedMut(out.as_mut_ptr());
-            let units = q.rows.div_ceil(GROUP);
-            let tasks = self.n_tasks(units);
-            let (rows, cols) = (q.rows, q.cols);
+            let mut units = [0; MAX_FUSED];
+            for (u, (q, _, _)) in units.iter_mut().zip(parts) {
+                *u = q.rows.div_ceil(GROUP);
+            }
+            let units = &units[..parts.len()];
+            let tasks = self.n_tasks(units.iter().sum());
             self.pool.run(tasks, &|i| {
-                let r = Self::task_range(units, tasks, i);
-                let r = r.start * GROUP..(r.end * GROUP).min(rows);
-                for t0 in (0..n).step_by(ROW_TILE) {
-                    let t1 = (t0 + ROW_TILE).min(n);
-                    for row in r.clone() {
-                        let w = q.row(row);
-                        for t in t0..t1 {
-                            let y = (k.vec_dot)(cols, w, &acts[t * arb..(t + 1) * arb]);
-                            // SAFETY: `t < n` and `row < rows`, and `out` holds `n · rows`
-                            // floats (checked in `matmul`, and `q.rows` is `self.rows`); only
-                            // this task writes `row`.
-                            unsafe { *dst.ptr().add(t * rows + row) = y };
+                for (part, r) in Self::part_ranges(units, tasks, i) {
+                    let (q, vec_dot, dst) = &parts[part];
+                    let (rows, cols) = (q.rows, q.cols);
+                    let r = r.start * GROUP..(r.end * GROUP).min(rows);
+                    for t0 in (0..n).step_by(ROW_TILE) {
+                        let t1 = (t0 + ROW_TILE).min(n);
+                        for row in r.clone() {
+                            let w = q.row(row);
+                            for t in t0..t1 {
+                                let y = vec_dot(cols, w, &acts[t * arb..(t + 1) * arb]);
+                                // SAFETY: `t < n` and `row < rows`, and the part's `out`
+                                // holds `n · rows` floats (checked by the caller,
+                                // `checked_n`); only this task writes `row`.
+                                unsafe { *dst.ptr().add(t * rows + row) = y };
+                            }
                         }
                     }
                 }
             });
         });
     }
-}
 
-/// Whether matrices are packed for the micro-kernel with this kernel set.
-pub fn packs(kernels: &KernelSet) -> bool {
-    kernels.isa == crate::kernels::Isa::Avx512Vnni && crate::gemm::vnni_available()
-}
-
-impl<S: AsRef<[u8]> + Send + Sync> Matrix for FastMatrix<S> {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn matmul(&self, x: &[f32], out: &mut [f32]) {
+    /// The number of tokens of `x`, after checking that `x` and `out` fit this matrix and that
+    /// its store is the shape its public fields say: the products write `out` through raw
+    /// pointers sized by the store's own shape.
+    fn checked_n(&self, x: &[f32], out: &[f32]) -> usize {
         let n = x.len() / self.cols;
         assert!(
             x.len() == n * self.cols && out.len() == n * self.rows,
@@ -232,11 +262,6 @@ impl<S: AsRef<[u8]> + Send + Sync> Matrix for FastMatrix<S> {
             self.rows,
             self.cols
         );
-        if n == 0 {
-            return;
-        }
-        // The products write `out` through raw pointers sized by the store's own shape: the
-        // public fields checked above must still be that shape.
         let shape = match &self.store {
             Store::Packed(p) => (p.rows, p.cols),
             Store::Rows(q) => (q.rows, q.cols),
@@ -248,10 +273,106 @@ impl<S: AsRef<[u8]> + Send + Sync> Matrix for FastMatrix<S> {
             self.rows,
             self.cols
         );
-        match &self.store {
-            Store::Packed(p) => self.matmul_packed(p, x, out),
-            Store::Rows(q) => self.matmul_rows(q, x, out),
+        n
+    }
+
+    /// Whether `other` can share a product's activations with this matrix: the same input
+    /// width, the same activation quantizer, and rows stored the same way.
+    fn shares_input(&self, other: &FastMatrix<S>) -> bool {
+        self.cols == other.cols
+            && self.kernels.act_ty == other.kernels.act_ty
+            && self.kernels.act_isa == other.kernels.act_isa
+            && Arc::ptr_eq(&self.pool, &other.pool)
+            && matches!(
+                (&self.store, &other.store),
+                (Store::Packed(_), Store::Packed(_)) | (Store::Rows(_), Store::Rows(_))
+            )
+    }
+}
+
+/// Whether matrices are packed for the micro-kernel with this kernel set.
+pub fn packs(kernels: &KernelSet) -> bool {
+    kernels.isa == crate::kernels::Isa::Avx512Vnni && crate::gemm::vnni_available()
+}
+
+impl<S: AsRef<[u8]> + Send + Sync + 'static> Matrix for FastMatrix<S> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        if self.checked_n(x, out) == 0 {
+            return;
         }
+        match &self.store {
+            Store::Packed(p) => self.matmul_packed(&[(p, OutPtr(out.as_mut_ptr()))], x),
+            Store::Rows(q) => {
+                let part = (q, self.kernels.vec_dot, SharedMut(out.as_mut_ptr()));
+                self.matmul_rows(&[part], x)
+            }
+        }
+    }
+    // ANCHOR: matmul_fused
+    /// One product for all of `self` and `others` when they are fast matrices that share the
+    /// input's quantization ([`FastMatrix::shares_input`]); otherwise each its own product.
+    fn matmul_fused(&self, others: &[&dyn Matrix], x: &[f32], outs: &mut [&mut [f32]]) {
+        assert_eq!(
+            outs.len(),
+            others.len() + 1,
+            "matmul_fused: one output per matrix"
+        );
+        // All the matrices, if every one of `others` can share the input with this one.
+        let mut ms = [self; MAX_FUSED];
+        let fused = others.len() < MAX_FUSED
+            && others.iter().zip(&mut ms[1..]).all(|(o, m)| {
+                let f = o.as_any().and_then(|a| a.downcast_ref::<FastMatrix<S>>());
+                f.filter(|f| self.shares_input(f)).map(|f| *m = f).is_some()
+            });
+        if !fused {
+            self.matmul(x, outs[0]);
+            for (w, out) in others.iter().zip(&mut outs[1..]) {
+                w.matmul(x, out);
+            }
+            return;
+        }
+        let ms = &ms[..outs.len()];
+        let mut n = 0;
+        for (m, out) in ms.iter().zip(outs.iter()) {
+            n = m.checked_n(x, out);
+        }
+        if n == 0 {
+            return;
+        }
+        let outs = outs.iter_mut().map(|o| o.as_mut_ptr());
+        match &self.store {
+            Store::Packed(p) => {
+                let mut parts = [(p, OutPtr(std::ptr::null_mut())); MAX_FUSED];
+                for ((part, m), out) in parts.iter_mut().zip(ms).zip(outs) {
+                    let Store::Packed(p) = &m.store else {
+                        unreachable!("shares_input: every part is packed")
+                    };
+                    *part = (p, OutPtr(out));
+                }
+                self.matmul_packed(&parts[..ms.len()], x);
+            }
+            Store::Rows(q) => {
+                let mut parts =
+                    [(q, self.kernels.vec_dot, SharedMut(std::ptr::null_mut())); MAX_FUSED];
+                for ((part, m), out) in parts.iter_mut().zip(ms).zip(outs) {
+                    let Store::Rows(q) = &m.store else {
+                        unreachable!("shares_input: every part is rows")
+                    };
+                    *part = (q, m.kernels.vec_dot, SharedMut(out));
+                }
+                self.matmul_rows(&parts[..ms.len()], x);
+            }
+        }
+    }
+    // ANCHOR_END: matmul_fused
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
     fn get_row(&self, r: usize, out: &mut [f32]) {
         match &self.store {

@@ -155,6 +155,69 @@ fn fast_products_equal_chapter_6s() {
     }
 }
 
+/// A fused product (chapter 3's `matmul_fused`: one input, several matrices — a layer's Q, K
+/// and V) must give each matrix exactly what its own product gives, whether the matrices fuse
+/// (the same activation type: Q4_0 with Q4_0, Q4_K with Q6_K, which both take Q8_K) or not
+/// (Q4_0 with Q4_1, whose activations differ), packed or kept as rows, for a decoded token and
+/// for enough tokens that the activations are quantized in parallel.
+#[test]
+fn fused_products_equal_separate_ones_bit_for_bit() {
+    use GgmlType::{Q4_0, Q4_1, Q4_K, Q6_K};
+    let mut rng = Rng(5);
+    let groups: [(&[GgmlType], usize); 3] = [
+        (&[Q4_0, Q4_0, Q4_0], 64),
+        (&[Q4_K, Q6_K], 512),
+        (&[Q4_0, Q4_1, Q4_0], 96),
+    ];
+    let rows = [48, 17, 33];
+    for (types, cols) in groups {
+        let qs: Vec<QMatrix> = types
+            .iter()
+            .zip(rows)
+            .map(|(&ty, r)| quantized(ty, r, cols, &mut rng))
+            .collect();
+        for set in kernel_sets() {
+            for pool in pools() {
+                for pack in [true, false] {
+                    let ms: Vec<FastMatrix> = qs
+                        .iter()
+                        .map(|q| {
+                            let q = QMatrix::new("w", q.ty, q.rows, q.cols, q.data.clone());
+                            FastMatrix::new("w", q.unwrap(), &set, pool.clone(), pack).unwrap()
+                        })
+                        .collect();
+                    for n in [1, 3, 20] {
+                        let x = rng.vec(n * cols, 2.0);
+                        let want: Vec<Vec<f32>> = ms
+                            .iter()
+                            .map(|m| {
+                                let mut out = vec![0.0; n * m.rows];
+                                m.matmul(&x, &mut out);
+                                out
+                            })
+                            .collect();
+                        let mut got: Vec<Vec<f32>> =
+                            ms.iter().map(|m| vec![f32::NAN; n * m.rows]).collect();
+                        let others: Vec<&dyn Matrix> =
+                            ms[1..].iter().map(|m| m as &dyn Matrix).collect();
+                        let mut outs: Vec<&mut [f32]> =
+                            got.iter_mut().map(|g| g.as_mut_slice()).collect();
+                        ms[0].matmul_fused(&others, &x, &mut outs);
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            let same = g.iter().zip(w).all(|(g, w)| g.to_bits() == w.to_bits());
+                            assert!(
+                                same,
+                                "{types:?} × {n} tokens, {}: matrix {i} differs when fused",
+                                ms[0].describe()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A matrix large enough for huge pages (2 MiB and more packed), packed with and without them,
 /// with the kernels prefetching and not: where the bytes sit and whether lines are asked for
 /// ahead must never change a product, which stays chapter 6's exactly (Q8_0, 32-weight
