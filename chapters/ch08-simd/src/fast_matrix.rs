@@ -276,17 +276,20 @@ impl<S: AsRef<[u8]> + Send + Sync + 'static> FastMatrix<S> {
         n
     }
 
-    /// Whether `other` can share a product's activations with this matrix: the same input
-    /// width, the same activation quantizer, and rows stored the same way.
-    fn shares_input(&self, other: &FastMatrix<S>) -> bool {
-        self.cols == other.cols
-            && self.kernels.act_ty == other.kernels.act_ty
-            && self.kernels.act_isa == other.kernels.act_isa
-            && Arc::ptr_eq(&self.pool, &other.pool)
+    /// `other` as a fast matrix that can share a product's input with this one (the same
+    /// input width, the same activation quantizer, rows stored the same way, the same pool),
+    /// or `None`.
+    pub fn sharing_input<'a>(&self, other: &'a dyn Matrix) -> Option<&'a FastMatrix<S>> {
+        let o = other.as_any()?.downcast_ref::<FastMatrix<S>>()?;
+        let shares = self.cols == o.cols
+            && self.kernels.act_ty == o.kernels.act_ty
+            && self.kernels.act_isa == o.kernels.act_isa
+            && Arc::ptr_eq(&self.pool, &o.pool)
             && matches!(
-                (&self.store, &other.store),
+                (&self.store, &o.store),
                 (Store::Packed(_), Store::Packed(_)) | (Store::Rows(_), Store::Rows(_))
-            )
+            );
+        shares.then_some(o)
     }
 }
 
@@ -316,7 +319,7 @@ impl<S: AsRef<[u8]> + Send + Sync + 'static> Matrix for FastMatrix<S> {
     }
     // ANCHOR: matmul_fused
     /// One product for all of `self` and `others` when they are fast matrices that share the
-    /// input's quantization ([`FastMatrix::shares_input`]); otherwise each its own product.
+    /// input's quantization ([`FastMatrix::sharing_input`]); otherwise each its own product.
     fn matmul_fused(&self, others: &[&dyn Matrix], x: &[f32], outs: &mut [&mut [f32]]) {
         assert_eq!(
             outs.len(),
@@ -326,10 +329,10 @@ impl<S: AsRef<[u8]> + Send + Sync + 'static> Matrix for FastMatrix<S> {
         // All the matrices, if every one of `others` can share the input with this one.
         let mut ms = [self; MAX_FUSED];
         let fused = others.len() < MAX_FUSED
-            && others.iter().zip(&mut ms[1..]).all(|(o, m)| {
-                let f = o.as_any().and_then(|a| a.downcast_ref::<FastMatrix<S>>());
-                f.filter(|f| self.shares_input(f)).map(|f| *m = f).is_some()
-            });
+            && others
+                .iter()
+                .zip(&mut ms[1..])
+                .all(|(&o, m)| self.sharing_input(o).map(|f| *m = f).is_some());
         if !fused {
             self.matmul(x, outs[0]);
             for (w, out) in others.iter().zip(&mut outs[1..]) {
@@ -351,7 +354,7 @@ impl<S: AsRef<[u8]> + Send + Sync + 'static> Matrix for FastMatrix<S> {
                 let mut parts = [(p, OutPtr(std::ptr::null_mut())); MAX_FUSED];
                 for ((part, m), out) in parts.iter_mut().zip(ms).zip(outs) {
                     let Store::Packed(p) = &m.store else {
-                        unreachable!("shares_input: every part is packed")
+                        unreachable!("sharing_input: every part is packed")
                     };
                     *part = (p, OutPtr(out));
                 }
@@ -362,7 +365,7 @@ impl<S: AsRef<[u8]> + Send + Sync + 'static> Matrix for FastMatrix<S> {
                     [(q, self.kernels.vec_dot, SharedMut(std::ptr::null_mut())); MAX_FUSED];
                 for ((part, m), out) in parts.iter_mut().zip(ms).zip(outs) {
                     let Store::Rows(q) = &m.store else {
-                        unreachable!("shares_input: every part is rows")
+                        unreachable!("sharing_input: every part is rows")
                     };
                     *part = (q, m.kernels.vec_dot, SharedMut(out));
                 }

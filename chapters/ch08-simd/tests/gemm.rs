@@ -164,13 +164,14 @@ fn fast_products_equal_chapter_6s() {
 fn fused_products_equal_separate_ones_bit_for_bit() {
     use GgmlType::{Q4_0, Q4_1, Q4_K, Q6_K};
     let mut rng = Rng(5);
-    let groups: [(&[GgmlType], usize); 3] = [
-        (&[Q4_0, Q4_0, Q4_0], 64),
-        (&[Q4_K, Q6_K], 512),
-        (&[Q4_0, Q4_1, Q4_0], 96),
+    // The types, the width, and whether the matrices fuse.
+    let groups: [(&[GgmlType], usize, bool); 3] = [
+        (&[Q4_0, Q4_0, Q4_0], 64, true),
+        (&[Q4_K, Q6_K], 512, true),
+        (&[Q4_0, Q4_1, Q4_0], 96, false),
     ];
     let rows = [48, 17, 33];
-    for (types, cols) in groups {
+    for (types, cols, fuse) in groups {
         let qs: Vec<QMatrix> = types
             .iter()
             .zip(rows)
@@ -186,6 +187,10 @@ fn fused_products_equal_separate_ones_bit_for_bit() {
                             FastMatrix::new("w", q.unwrap(), &set, pool.clone(), pack).unwrap()
                         })
                         .collect();
+                    // Fused or not, the outputs below must be the same; this says which path
+                    // they came from.
+                    let fuses = ms[1..].iter().all(|m| ms[0].sharing_input(m).is_some());
+                    assert_eq!(fuses, fuse, "{types:?}, {}", ms[0].describe());
                     for n in [1, 3, 20] {
                         let x = rng.vec(n * cols, 2.0);
                         let want: Vec<Vec<f32>> = ms
