@@ -1,12 +1,16 @@
-"""What the book's scripts share: the workbench manifests, the exercise stub, and how an
-`{{#include path:anchor}}` is resolved (as mdBook resolves it).
+"""What the book's scripts share: the workbench manifests, the exercise stub, how an
+`{{#include path:anchor}}` is resolved (as mdBook resolves it), and a `cargo run` command's
+program as `cargo test --workspace` built it.
 
 Used by scripts/workbench (which cuts a workbench from the crates), scripts/book-listings (the
-mdBook preprocessor that numbers, captions and stubs the book's listings) and
-scripts/check-book-render. Standard library only.
+mdBook preprocessor that numbers, captions and stubs the book's listings),
+scripts/check-book-render, and scripts/book-outputs and scripts/figures (whose --check runs
+programs). Standard library only.
 """
+import json
 import pathlib
 import re
+import subprocess
 import sys
 import textwrap
 import tomllib
@@ -127,3 +131,46 @@ def included_lines(base, target, stubs=None):
         if not MARKER.search(line):
             out.append(line)
     return out if inside else None
+
+
+_PROGRAMS = {}
+
+
+def built_program(cmd):
+    """`cargo run [--profile=P] [-q] [-p PKG] (--example E | --bin B) -- ARGS` as the program
+    built in the test profile, and ARGS. Cargo resolves the dependencies' features for the
+    packages a command selects, so `cargo run -p ch04` would compile tokio, serde and the rest
+    once more, in another build than `cargo test --workspace` made; selecting what that
+    command selected (the workspace and its tests) finds every program already built."""
+    args = cmd[cmd.index("--") + 1:] if "--" in cmd else []
+    own = cmd[:cmd.index("--")] if "--" in cmd else cmd
+    package = own[own.index("-p") + 1] if "-p" in own else None
+    kind, name = next((c, own[i + 1]) for i, c in enumerate(own) if c in ("--example", "--bin"))
+    key = (package, kind, name)
+    if key not in _PROGRAMS:
+        # The test profile whatever the command says: it computes the same text as dev and
+        # release, and `cargo test --workspace` has built every program with it.
+        p = subprocess.run(["cargo", "build", "-q", "--profile", "test", "--workspace",
+                            "--tests", kind, name, "--message-format=json"],
+                           cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            sys.exit(f"cargo could not build {kind} {name}")
+        want = "example" if kind == "--example" else "bin"
+        found = []
+        for line in p.stdout.splitlines():
+            m = json.loads(line)
+            t = m.get("target", {})
+            if (m.get("reason") == "compiler-artifact" and m.get("executable")
+                    and t.get("name") == name and want in t.get("kind", [])
+                    and not m.get("profile", {}).get("test")  # not the unit-test harness
+                    and (package is None or _pkg_name(m["package_id"]) == package)):
+                found.append(m["executable"])
+        if len(found) != 1:
+            sys.exit(f"cargo built {len(found)} programs for {kind} {name} (package {package})")
+        _PROGRAMS[key] = found[0]
+    return [_PROGRAMS[key], *args]
+
+
+def _pkg_name(package_id):
+    """The package name in a cargo package id: `path+file:///…/ch04-forward#ch04@0.1.0`."""
+    return package_id.rsplit("#", 1)[-1].split("@", 1)[0]
