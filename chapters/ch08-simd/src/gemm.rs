@@ -28,8 +28,12 @@
 //!
 //! # K-quants
 //!
-//! Q4_K and Q6_K super-blocks (256 weights) sum their sub-blocks' integer products, each times
-//! its 6- or 8-bit scale, into one exact 32-bit total per row, and apply the float scale once.
+//! Q4_K and Q6_K super-blocks (256 weights) sum their sub-blocks' exact integer products, each
+//! times its 6- or 8-bit scale, into one total per row, and apply the float scales once. The
+//! total is a float, summed with fused multiply-adds: a convert and an FMA cost less than a
+//! 32-bit integer multiply, and every term is an integer below 2^24, so the total is exact too
+//! until it passes 2^24. The part of the sum that does not depend on the weights (Q4_K's
+//! mins, Q6_K's offset of 32) is taken once per super-block, in 16-bit pairs (`vpdpwssd`).
 //! Chapter 6 (like ggml's generic code) instead keeps eight float partial sums per row, one per
 //! position modulo 8, and adds them at the end: the same value in exact arithmetic, rounded
 //! differently. These two kernels therefore agree with the scalar ones to float rounding, like
@@ -46,11 +50,8 @@ use rayon::prelude::*;
 pub const GROUP: usize = 16;
 /// Most tokens one call of the micro-kernel computes: each unpacked weight register is used
 /// this many times. Two or three registers per token (float and integer accumulators) plus the
-/// weights and scales fit in the 32 vector registers at 8. The Q4_K kernel keeps four per
-/// token and takes at most [`TILE_K`] tokens per call.
+/// weights and scales fit in the 32 vector registers at 8.
 pub const TILE: usize = 8;
-/// Most tokens per call of the Q4_K kernel.
-pub const TILE_K: usize = 4;
 const QK: usize = 32;
 const QK_K: usize = 256;
 
@@ -181,7 +182,7 @@ struct Layout {
     d: usize,     // the rows' f16 scales (legacy: of both blocks)
     m: usize,     // legacy mins, or Q4_K's dmin
     sc: usize,    // k-quants: sub-block scales, one byte per row
-    mn: usize,    // Q4_K: sub-block mins, one byte per row
+    mn: usize,    // Q4_K: sub-block mins, two bytes (sub-blocks 2p, 2p + 1) per row and pair
     bytes: usize, // the whole unit
 }
 
@@ -239,8 +240,9 @@ impl Layout {
 ///   file's f16.
 ///
 /// A Q4_K unit holds the nibble bytes in the same 16 rows × 4 bytes chunks (32 of them), then
-/// the unpacked 6-bit sub-block scales and mins (one byte per row and sub-block), then `d` and
-/// `dmin`. A Q6_K unit holds its 6-bit codes one per byte, in chunks of 16 rows × 4 codes (22%
+/// the unpacked 6-bit sub-block scales (one byte per row and sub-block), the mins (for each
+/// pair of sub-blocks, the two bytes of row 0, of row 1, …: widened to 16 bits they are one
+/// 32-bit lane per row, for `vpdpwssd`), then `d` and `dmin`. A Q6_K unit holds its 6-bit codes one per byte, in chunks of 16 rows × 4 codes (22%
 /// more bytes than the file's 4 + 2 bits, but no unpacking: measured faster for prompts, and
 /// these matrices are a tenth of a Q4_K_M file), then the sub-block scales and `d`.
 ///
@@ -519,7 +521,7 @@ fn pack_q4_k(blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize) {
     for s in 0..8 {
         let (sc, mn) = get_scale_min_k4(s, scales);
         unit[l.sc + 16 * s + lane] = sc;
-        unit[l.mn + 16 * s + lane] = mn;
+        unit[l.mn + 32 * (s / 2) + 2 * lane + s % 2] = mn;
     }
     for c in 0..32 {
         for i in 0..4 {
@@ -532,7 +534,7 @@ fn unpack_q4_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
     blk[0..2].copy_from_slice(&unit[l.d + 2 * lane..][..2]);
     blk[2..4].copy_from_slice(&unit[l.m + 2 * lane..][..2]);
     let sc: [u8; 8] = std::array::from_fn(|s| unit[l.sc + 16 * s + lane]);
-    let mn: [u8; 8] = std::array::from_fn(|s| unit[l.mn + 16 * s + lane]);
+    let mn: [u8; 8] = std::array::from_fn(|s| unit[l.mn + 32 * (s / 2) + 2 * lane + s % 2]);
     blk[4..16].copy_from_slice(&pack_scale_min_k4(&sc, &mn));
     for c in 0..32 {
         for i in 0..4 {
@@ -903,18 +905,16 @@ mod avx512 {
                     7 => q6_k::<7>(m, g, a, 0, dst, valid),
                     _ => q6_k::<8>(m, g, a, 0, dst, valid),
                 },
-                PackedType::Q4_K => {
-                    // At most TILE_K tokens per call: this kernel keeps four accumulators per
-                    // token.
-                    for t0 in (0..n).step_by(TILE_K) {
-                        match (n - t0).min(TILE_K) {
-                            1 => q4_k::<1>(m, g, a, t0, dst, valid),
-                            2 => q4_k::<2>(m, g, a, t0, dst, valid),
-                            3 => q4_k::<3>(m, g, a, t0, dst, valid),
-                            _ => q4_k::<4>(m, g, a, t0, dst, valid),
-                        }
-                    }
-                }
+                PackedType::Q4_K => match n {
+                    1 => q4_k::<1>(m, g, a, 0, dst, valid),
+                    2 => q4_k::<2>(m, g, a, 0, dst, valid),
+                    3 => q4_k::<3>(m, g, a, 0, dst, valid),
+                    4 => q4_k::<4>(m, g, a, 0, dst, valid),
+                    5 => q4_k::<5>(m, g, a, 0, dst, valid),
+                    6 => q4_k::<6>(m, g, a, 0, dst, valid),
+                    7 => q4_k::<7>(m, g, a, 0, dst, valid),
+                    _ => q4_k::<8>(m, g, a, 0, dst, valid),
+                },
             }
         }
     }
@@ -1086,8 +1086,15 @@ mod avx512 {
     }
     // ANCHOR_END: kernel_terms
 
-    /// Q4_K: per super-block and row, `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy`, the two
-    /// sums over the 8 sub-blocks exact in 32-bit integers.
+    /// Q4_K: per super-block and row, `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy` over the
+    /// 8 sub-blocks of 32.
+    ///
+    /// Only the first sum is per weight: each sub-block's `Σ q·y` in 32-bit integers, times
+    /// its scale in floats (see the module's docs). The second needs each row's 8 mins and each token's 8
+    /// sub-block sums `Σy` (each within ±32·127, so 16 bits): four `vpdpwssd`s per token and
+    /// super-block, two sub-blocks each, instead of a 32-bit multiply per sub-block; and it is
+    /// taken after the sub-blocks, so the kernel keeps three registers per token and takes a
+    /// whole tile of [`TILE`] tokens, each unpacked weight register used by all of them.
     ///
     /// # Safety
     /// As for [`tile`], with `t0 + N <= a.stride` and `m` a Q4_K matrix.
@@ -1102,16 +1109,15 @@ mod avx512 {
     ) {
         let (l, grp, nt) = (&m.layout, m.group_ptr(g), a.stride);
         let low4 = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm512_setzero_ps(); N];
+        let mut acc = [_mm512_setzero_ps(); N]; // (N, 16 rows)
         for b in 0..m.nb {
             // SAFETY: as in `legacy`: offsets inside the group's unit and the tile, and each
             // aligned load at an address aligned for it (code lines at multiples of 64 into
-            // the unit, `sc` and `mn` rows at multiples of 16, `d` and `dmin` of 32).
+            // the unit, `sc` rows at multiples of 16, `mn` pairs, `d` and `dmin` of 32).
             unsafe {
                 let unit = grp.add(b * l.bytes);
                 let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
-                let mut total = [_mm512_setzero_si512(); N]; // Σ_s sc_s · Σ q·y
-                let mut mins = [_mm512_setzero_si512(); N]; // Σ_s mn_s · Σy
+                let mut total = [_mm512_setzero_ps(); N]; // Σ_s sc_s · Σ q·y
                 for s in 0..8 {
                     prefetch(
                         m,
@@ -1133,23 +1139,32 @@ mod avx512 {
                             *isum = _mm512_dpbusd_epi32(*isum, w, bcast(y(t, 32 * s + 4 * c)));
                         }
                     }
-                    let sc =
-                        _mm512_cvtepu8_epi32(_mm_load_si128(unit.add(l.sc + 16 * s) as *const _));
-                    let mn =
-                        _mm512_cvtepu8_epi32(_mm_load_si128(unit.add(l.mn + 16 * s) as *const _));
+                    let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                        unit.add(l.sc + 16 * s) as *const _,
+                    )));
                     for t in 0..N {
-                        total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(isum[t], sc));
-                        let sums = a.sums.add((b * nt + t0 + t) * 16 + 2 * s);
-                        let ys = _mm512_set1_epi32(*sums + *sums.add(1));
-                        mins[t] = _mm512_add_epi32(mins[t], _mm512_mullo_epi32(mn, ys));
+                        total[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), sc, total[t]);
                     }
                 }
+                // Each row's mins of sub-blocks 2p and 2p + 1, as two 16-bit halves of a lane.
+                let mn: [__m512i; 4] = std::array::from_fn(|p| {
+                    _mm512_cvtepu8_epi16(_mm256_load_si256(unit.add(l.mn + 32 * p) as *const _))
+                });
                 let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d) as *const _));
                 let dmin = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.m) as *const _));
                 for t in 0..N {
-                    let dy = _mm512_set1_ps(*a.d.add(b * nt + t0 + t));
-                    let plus = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(total[t]));
-                    let minus = _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(mins[t]));
+                    let at = b * nt + t0 + t;
+                    let sums = a.sums.add(at * 16); // Σy of each 16 codes
+                    let mut mins = _mm512_setzero_si512(); // Σ_s mn_s · Σy
+                    for (p, mn) in mn.iter().enumerate() {
+                        let y0 = *sums.add(4 * p) + *sums.add(4 * p + 1);
+                        let y1 = *sums.add(4 * p + 2) + *sums.add(4 * p + 3);
+                        let pair = (y0 as u16 as u32 | (y1 as u32) << 16) as i32;
+                        mins = _mm512_dpwssd_epi32(mins, *mn, _mm512_set1_epi32(pair));
+                    }
+                    let dy = _mm512_set1_ps(*a.d.add(at));
+                    let plus = _mm512_mul_ps(_mm512_mul_ps(dx, dy), total[t]);
+                    let minus = _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(mins));
                     acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(plus, minus));
                 }
             }
@@ -1161,8 +1176,14 @@ mod avx512 {
         }
     }
 
-    /// Q6_K: per super-block and row, `d·dy·Σ_s sc_s·Σ (q − 32)·y` over 16 sub-blocks of 16,
-    /// the sum exact in 32-bit integers.
+    /// Q6_K: per super-block and row, `d·dy·(Σ_s sc_s·Σ q·y − 32·Σ_s sc_s·Σy)` over 16
+    /// sub-blocks of 16.
+    ///
+    /// The codes are stored unsigned (0..64, for `vpdpbusd`), so the `−32` of each is taken
+    /// off once per super-block: each row's 16 scales and each token's 16 sums `Σy` (within
+    /// ±16·127) are 16-bit pairs, eight `vpdpwssd`s per token, exact. The first sum's scale is
+    /// applied in floats, a convert and a fused multiply-add per sub-block and token, where a
+    /// 32-bit integer multiply costs twice the convert on the port the products use.
     ///
     /// # Safety
     /// As for [`tile`], with `t0 + N <= a.stride` and `m` a Q6_K matrix.
@@ -1180,11 +1201,12 @@ mod avx512 {
         for b in 0..m.nb {
             // SAFETY: as in `legacy`: offsets inside the group's unit and the tile, and each
             // aligned load at an address aligned for it (code lines at multiples of 64 into
-            // the unit, `sc` and `mn` rows at multiples of 16, `d` and `dmin` of 32).
+            // the unit, `sc` rows at multiples of 16, `d` of 32).
             unsafe {
                 let unit = grp.add(b * l.bytes);
                 let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
-                let mut total = [_mm512_setzero_si512(); N];
+                let scales = |s: usize| _mm_load_si128(unit.add(l.sc + 16 * s) as *const _);
+                let mut total = [_mm512_setzero_ps(); N]; // Σ_s sc_s · Σ q·y
                 for s in 0..16 {
                     let part = |s: usize| b * l.bytes + s * l.bytes / 16;
                     prefetch(m, grp, part(s), part(s + 1));
@@ -1195,18 +1217,32 @@ mod avx512 {
                             *isum = _mm512_dpbusd_epi32(*isum, w, bcast(y(t, 4 * c)));
                         }
                     }
-                    let sc = _mm_load_si128(unit.add(l.sc + 16 * s) as *const _);
-                    let sc = _mm512_cvtepi8_epi32(sc);
+                    let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales(s)));
                     for t in 0..N {
-                        let ys = *a.sums.add((b * nt + t0 + t) * 16 + s);
-                        let q = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(32 * ys));
-                        total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(q, sc));
+                        total[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), sc, total[t]);
                     }
                 }
+                // Each row's scales of sub-blocks 2p and 2p + 1, as two 16-bit halves of a lane.
+                let sc: [__m512i; 8] = std::array::from_fn(|p| {
+                    let (lo, hi) = (scales(2 * p), scales(2 * p + 1));
+                    let rows =
+                        _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                    _mm512_cvtepi8_epi16(rows)
+                });
                 let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d) as *const _));
                 for t in 0..N {
-                    let dy = _mm512_set1_ps(*a.d.add(b * nt + t0 + t));
-                    let term = _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_cvtepi32_ps(total[t]));
+                    let at = b * nt + t0 + t;
+                    let sums = a.sums.add(at * 16); // Σy of each sub-block
+                    let mut offset = _mm512_setzero_si512(); // Σ_s sc_s · Σy
+                    for (p, sc) in sc.iter().enumerate() {
+                        let (y0, y1) = (*sums.add(2 * p), *sums.add(2 * p + 1));
+                        let pair = (y0 as u16 as u32 | (y1 as u32) << 16) as i32;
+                        offset = _mm512_dpwssd_epi32(offset, *sc, _mm512_set1_epi32(pair));
+                    }
+                    let offset = _mm512_cvtepi32_ps(_mm512_slli_epi32(offset, 5)); // × 32
+                    let dy = _mm512_set1_ps(*a.d.add(at));
+                    let term =
+                        _mm512_mul_ps(_mm512_mul_ps(dx, dy), _mm512_sub_ps(total[t], offset));
                     acc[t] = _mm512_add_ps(acc[t], term);
                 }
             }

@@ -116,7 +116,7 @@ fn fast_products_equal_chapter_6s() {
         for &cols in cols_list {
             for rows in [1, 16, 33, 100] {
                 let q = quantized(ty, rows, cols, &mut rng);
-                for n in [1, 2, 3, 8, 9, 17, 40] {
+                for n in [1, 2, 3, 6, 8, 9, 13, 17, 40] {
                     let x = rng.vec(n * cols, 2.0);
                     let mut want = vec![0.0; n * rows];
                     q.matmul(&x, &mut want);
