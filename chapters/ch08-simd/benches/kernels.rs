@@ -11,8 +11,16 @@
 //! `avx512vnni_ymm` beside `avx512vnni` for the legacy types): the measurements are what
 //! chose between them (see the table in `src/kernels.rs`). `cargo bench -p ch08 --bench
 //! kernels -- vec_dot_q4_0` runs one group.
+//!
+//! Where the CPU has AVX-512 VNNI, one more group, `mul_mat_packed_4096x4096`: the packed
+//! micro-kernels of `gemm.rs` on one thread, a 4096 × 4096 matrix of each packed type times
+//! 1 token (a decode step) and 64 (a prompt), in multiply-adds per second: what each type's
+//! tile costs against the others (a Q4_K product as fast as a Q4_0 one, Q6_K's a little
+//! slower: a byte per 6-bit code to read).
 
+use ch08::QMatrix;
 use ch08::ch01::GgmlType;
+use ch08::gemm::{ActPanels, OutPtr, PackedMatrix, PackedType};
 use ch08::kernels::{Isa, KernelSet, TypeKernels, WEIGHT_TYPES, dot_kernels};
 use ch08::quants::{FromFloat, type_traits};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -123,6 +131,47 @@ fn quantize(c: &mut Criterion) {
     }
 }
 
+fn packed(c: &mut Criterion) {
+    let Some(set) = KernelSet::for_isa(Isa::Avx512Vnni) else {
+        eprintln!("mul_mat_packed: this CPU has no AVX-512 VNNI, the packed kernels' set");
+        return;
+    };
+    const N: usize = 4096;
+    let mut group = c.benchmark_group(format!("mul_mat_packed_{N}x{N}"));
+    for p in PackedType::ALL {
+        let ty = p.ggml_type();
+        let k = set.get(ty).unwrap();
+        // Every row the same smooth row: the products differ only by the activations.
+        let (row, qa, magnitude) = rows(&k, N);
+        let weights = QMatrix::new("w", ty, N, N, row.repeat(N)).unwrap();
+        let packed = PackedMatrix::pack(&weights).unwrap();
+        for tokens in [1, 64] {
+            let x: Vec<f32> = (0..tokens * N).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut acts = ActPanels::new();
+            acts.fill(&k, &x, N);
+            let mut out = vec![0f32; tokens * N];
+            let run = |out: &mut [f32]| {
+                // SAFETY: `out` holds `tokens` rows of N floats, and this thread alone
+                // writes it.
+                unsafe { packed.gemm_groups(&acts, 0..packed.groups, OutPtr(out.as_mut_ptr())) }
+            };
+            run(&mut out);
+            // Row 0 of token 0 (the activations of `rows`) against chapter 6's scalar kernel.
+            let want = (KernelSet::SCALAR.get(ty).unwrap().vec_dot)(N, &row, &qa) as f64;
+            assert!(
+                (out[0] as f64 - want).abs() <= CHECK_TOL * magnitude,
+                "{ty} packed × {tokens}: {}, scalar {want}",
+                out[0]
+            );
+            group.throughput(Throughput::Elements((N * N * tokens) as u64));
+            group.bench_function(BenchmarkId::new(ty.name(), tokens), |b| {
+                b.iter(|| run(&mut out))
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     // Kernels take nanoseconds to microseconds: two seconds a member are plenty, and keep
@@ -130,6 +179,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = vec_dot, quantize
+    targets = vec_dot, quantize, packed
 }
 criterion_main!(benches);
