@@ -58,6 +58,11 @@ pub const KEY_TILE: usize = 32;
 /// part of the step), and a 256-token prompt chunk at position 4096 in 16 segments, whose
 /// partials take 10 MB.
 pub const KEY_SEGMENT: usize = 256;
+
+/// Attention's units are handed to the threads in this many runs of consecutive units per
+/// thread: enough to even out runs of unequal length, few enough that each unit but a run's
+/// first has its keys asked for while the one before it runs.
+const UNIT_TASKS_PER_THREAD: usize = 4;
 /// Rows (tokens) below which RMSNorm and RoPE run on the calling thread: waking the pool costs
 /// more than the work.
 const PAR_ROWS: usize = 16;
@@ -834,8 +839,9 @@ impl SimdCompute {
         }
         let (dst_out, dst_parts) = (Out(out.as_mut_ptr()), Out(parts.as_mut_ptr()));
         // ANCHOR_END: attend_plans
-        // ANCHOR: attend_units
-        self.pool.run(last.units.end, &|u| {
+        // ANCHOR: attend_locate
+        // Where unit `u` is: its run, key split, KV head, rows (of the run) and keys.
+        let locate = |u: usize| {
             let p = &plans[plans.partition_point(|p| p.units.end <= u)];
             let u = u - p.units.start;
             let (s, rest) = (u % p.splits, u / p.splits);
@@ -844,34 +850,69 @@ impl SimdCompute {
             let seg = p.first_seg + s;
             let keys =
                 (seg * KEY_SEGMENT).max(p.keys.start)..((seg + 1) * KEY_SEGMENT).min(p.keys.end);
-            // Each unit writes rows `rows` of its run and heads `kvh·group..(kvh+1)·group`: in
-            // `out` (which holds `n` rows, checked above) when the run's keys are not split, in
-            // split `s`'s part of the run's partials otherwise (`plans` placed each run's
-            // parts inside `parts`, resized above). No two units share a row, head and split.
-            let dst = if p.splits == 1 {
-                // SAFETY: the run's rows start inside `out`.
-                Dest::Out(Out(unsafe { dst_out.ptr().add(p.rows.start * qd) }))
-            } else {
-                // SAFETY: split `s` of the run's partials starts inside `parts`.
-                Dest::Partial(Out(unsafe {
-                    dst_parts.ptr().add(p.parts.start + s * p.stride)
-                }))
-            };
+            (p, s, kvh, rows, keys)
+        };
+        // Ask for the first two tiles of unit `u`'s keys and values: issued while the unit
+        // before it runs, so that a unit does not begin by waiting for memory. (A decode step's
+        // units are short: one row, a few tiles of keys of another sequence each.)
+        let ahead = |u: usize| {
+            let (p, _, kvh, rows, keys) = locate(u);
+            let lo = attn
+                .visible(tokens[p.rows.start + rows.start].pos, p.first)
+                .start;
+            let lo = lo.clamp(keys.start, keys.end);
+            let first = lo..(lo + 2 * KEY_TILE).min(keys.end);
+            let head = kvh * hd..(kvh + 1) * hd;
             view(p, &mut |kv| {
-                let job = AttendJob {
-                    attn,
-                    q: &q[p.rows.start * qd..p.rows.end * qd],
-                    tokens: &tokens[p.rows.clone()],
-                    kv,
-                    first: p.first,
-                };
-                self.with_tile(|t| {
-                    for_isa!(
-                        self.isa,
-                        attend_unit::<S>(&job, kvh, rows.clone(), keys.clone(), t, dst)
-                    )
-                });
+                let kvd = attn.kv_dim();
+                prefetch_rows(first.clone(), head.clone(), kvd, |p, m| kv.key_run(p, m));
+                prefetch_rows(first.clone(), head.clone(), kvd, |p, m| kv.value_run(p, m));
             });
+        };
+        // Tasks of consecutive units, so that each knows the unit it does next.
+        let n_units = last.units.end;
+        let tasks = n_units
+            .min(self.pool.threads() * UNIT_TASKS_PER_THREAD)
+            .max(1);
+        // ANCHOR_END: attend_locate
+        // ANCHOR: attend_units
+        self.pool.run(tasks, &|i| {
+            let mine = n_units * i / tasks..n_units * (i + 1) / tasks;
+            for u in mine.clone() {
+                if u + 1 < mine.end {
+                    ahead(u + 1);
+                }
+                let (p, s, kvh, rows, keys) = locate(u);
+                // Each unit writes rows `rows` of its run and heads `kvh·group..(kvh+1)·group`:
+                // in `out` (which holds `n` rows, checked above) when the run's keys are not
+                // split, in split `s`'s part of the run's partials otherwise (`plans` placed each
+                // run's parts inside `parts`, resized above). No two units share a row, head and
+                // split.
+                let dst = if p.splits == 1 {
+                    // SAFETY: the run's rows start inside `out`.
+                    Dest::Out(Out(unsafe { dst_out.ptr().add(p.rows.start * qd) }))
+                } else {
+                    // SAFETY: split `s` of the run's partials starts inside `parts`.
+                    Dest::Partial(Out(unsafe {
+                        dst_parts.ptr().add(p.parts.start + s * p.stride)
+                    }))
+                };
+                view(p, &mut |kv| {
+                    let job = AttendJob {
+                        attn,
+                        q: &q[p.rows.start * qd..p.rows.end * qd],
+                        tokens: &tokens[p.rows.clone()],
+                        kv,
+                        first: p.first,
+                    };
+                    self.with_tile(|t| {
+                        for_isa!(
+                            self.isa,
+                            attend_unit::<S>(&job, kvh, rows.clone(), keys.clone(), t, dst)
+                        )
+                    });
+                });
+            }
         });
         for p in plans.iter().filter(|p| p.splits > 1) {
             let out = &mut out[p.rows.start * qd..p.rows.end * qd];
