@@ -875,49 +875,32 @@ mod avx512 {
     /// `m.rows` floats, of which the first `valid <= 16` from `dst` are written.
     pub(super) unsafe fn tile(m: &PackedMatrix, g: usize, a: &Tile, dst: *mut f32, valid: usize) {
         macro_rules! by_n {
-            ($kernel:ident, $ty:expr, $t0:expr, $n:expr) => {
+            // `by_n!(kernel, n)`, or `by_n!(kernel<T>, n)` for a kernel with a type parameter.
+            ($kernel:ident $(<$ty:literal>)?, $n:expr) => {
                 match $n {
-                    1 => $kernel::<$ty, 1>(m, g, a, $t0, dst, valid),
-                    2 => $kernel::<$ty, 2>(m, g, a, $t0, dst, valid),
-                    3 => $kernel::<$ty, 3>(m, g, a, $t0, dst, valid),
-                    4 => $kernel::<$ty, 4>(m, g, a, $t0, dst, valid),
-                    5 => $kernel::<$ty, 5>(m, g, a, $t0, dst, valid),
-                    6 => $kernel::<$ty, 6>(m, g, a, $t0, dst, valid),
-                    7 => $kernel::<$ty, 7>(m, g, a, $t0, dst, valid),
-                    _ => $kernel::<$ty, 8>(m, g, a, $t0, dst, valid),
+                    1 => $kernel::<$($ty,)? 1>(m, g, a, 0, dst, valid),
+                    2 => $kernel::<$($ty,)? 2>(m, g, a, 0, dst, valid),
+                    3 => $kernel::<$($ty,)? 3>(m, g, a, 0, dst, valid),
+                    4 => $kernel::<$($ty,)? 4>(m, g, a, 0, dst, valid),
+                    5 => $kernel::<$($ty,)? 5>(m, g, a, 0, dst, valid),
+                    6 => $kernel::<$($ty,)? 6>(m, g, a, 0, dst, valid),
+                    7 => $kernel::<$($ty,)? 7>(m, g, a, 0, dst, valid),
+                    _ => $kernel::<$($ty,)? 8>(m, g, a, 0, dst, valid),
                 }
             };
         }
         let n = a.stride;
         // SAFETY: forwarded from the caller, who also promised the CPU the features these
-        // kernels enable; every kernel gets `t0 + N <= stride`.
+        // kernels enable; every kernel gets `t0 + N <= stride` (t0 = 0, N = min(stride, 8)).
         unsafe {
             match m.ty {
-                PackedType::Q4_0 => by_n!(legacy, 0, 0, n),
-                PackedType::Q4_1 => by_n!(legacy, 1, 0, n),
-                PackedType::Q5_0 => by_n!(legacy, 2, 0, n),
-                PackedType::Q5_1 => by_n!(legacy, 3, 0, n),
-                PackedType::Q8_0 => by_n!(legacy, 4, 0, n),
-                PackedType::Q6_K => match n {
-                    1 => q6_k::<1>(m, g, a, 0, dst, valid),
-                    2 => q6_k::<2>(m, g, a, 0, dst, valid),
-                    3 => q6_k::<3>(m, g, a, 0, dst, valid),
-                    4 => q6_k::<4>(m, g, a, 0, dst, valid),
-                    5 => q6_k::<5>(m, g, a, 0, dst, valid),
-                    6 => q6_k::<6>(m, g, a, 0, dst, valid),
-                    7 => q6_k::<7>(m, g, a, 0, dst, valid),
-                    _ => q6_k::<8>(m, g, a, 0, dst, valid),
-                },
-                PackedType::Q4_K => match n {
-                    1 => q4_k::<1>(m, g, a, 0, dst, valid),
-                    2 => q4_k::<2>(m, g, a, 0, dst, valid),
-                    3 => q4_k::<3>(m, g, a, 0, dst, valid),
-                    4 => q4_k::<4>(m, g, a, 0, dst, valid),
-                    5 => q4_k::<5>(m, g, a, 0, dst, valid),
-                    6 => q4_k::<6>(m, g, a, 0, dst, valid),
-                    7 => q4_k::<7>(m, g, a, 0, dst, valid),
-                    _ => q4_k::<8>(m, g, a, 0, dst, valid),
-                },
+                PackedType::Q4_0 => by_n!(legacy<0>, n),
+                PackedType::Q4_1 => by_n!(legacy<1>, n),
+                PackedType::Q5_0 => by_n!(legacy<2>, n),
+                PackedType::Q5_1 => by_n!(legacy<3>, n),
+                PackedType::Q8_0 => by_n!(legacy<4>, n),
+                PackedType::Q6_K => by_n!(q6_k, n),
+                PackedType::Q4_K => by_n!(q4_k, n),
             }
         }
     }
