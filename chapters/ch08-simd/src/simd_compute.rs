@@ -860,7 +860,9 @@ impl SimdCompute {
             let lo = attn
                 .visible(tokens[p.rows.start + rows.start].pos, p.first)
                 .start;
-            let lo = lo.clamp(keys.start, keys.end);
+            // Empty when the row sees none of the unit's keys (`prefetch_rows` then asks for
+            // nothing).
+            let lo = lo.max(keys.start);
             let first = lo..(lo + 2 * KEY_TILE).min(keys.end);
             let head = kvh * hd..(kvh + 1) * hd;
             view(p, &mut |kv| {
