@@ -878,20 +878,20 @@ mod avx512 {
             // `by_n!(kernel, n)`, or `by_n!(kernel<T>, n)` for a kernel with a type parameter.
             ($kernel:ident $(<$ty:literal>)?, $n:expr) => {
                 match $n {
-                    1 => $kernel::<$($ty,)? 1>(m, g, a, 0, dst, valid),
-                    2 => $kernel::<$($ty,)? 2>(m, g, a, 0, dst, valid),
-                    3 => $kernel::<$($ty,)? 3>(m, g, a, 0, dst, valid),
-                    4 => $kernel::<$($ty,)? 4>(m, g, a, 0, dst, valid),
-                    5 => $kernel::<$($ty,)? 5>(m, g, a, 0, dst, valid),
-                    6 => $kernel::<$($ty,)? 6>(m, g, a, 0, dst, valid),
-                    7 => $kernel::<$($ty,)? 7>(m, g, a, 0, dst, valid),
-                    _ => $kernel::<$($ty,)? 8>(m, g, a, 0, dst, valid),
+                    1 => $kernel::<$($ty,)? 1>(m, g, a, dst, valid),
+                    2 => $kernel::<$($ty,)? 2>(m, g, a, dst, valid),
+                    3 => $kernel::<$($ty,)? 3>(m, g, a, dst, valid),
+                    4 => $kernel::<$($ty,)? 4>(m, g, a, dst, valid),
+                    5 => $kernel::<$($ty,)? 5>(m, g, a, dst, valid),
+                    6 => $kernel::<$($ty,)? 6>(m, g, a, dst, valid),
+                    7 => $kernel::<$($ty,)? 7>(m, g, a, dst, valid),
+                    _ => $kernel::<$($ty,)? 8>(m, g, a, dst, valid),
                 }
             };
         }
         let n = a.stride;
         // SAFETY: forwarded from the caller, who also promised the CPU the features these
-        // kernels enable; every kernel gets `t0 + N <= stride` (t0 = 0, N = min(stride, 8)).
+        // kernels enable; every kernel gets `N = min(stride, 8)` tokens.
         unsafe {
             match m.ty {
                 PackedType::Q4_0 => by_n!(legacy<0>, n),
@@ -962,13 +962,12 @@ mod avx512 {
     /// each type gets its own code.
     ///
     /// # Safety
-    /// As for [`tile`], with `t0 + N <= a.stride` and `T` the type of `m`.
+    /// As for [`tile`], with `N <= a.stride` and `T` the type of `m`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn legacy<const T: u8, const N: usize>(
         m: &PackedMatrix,
         g: usize,
         a: &Tile,
-        t0: usize,
         dst: *mut f32,
         valid: usize,
     ) {
@@ -981,14 +980,14 @@ mod avx512 {
         for b in 0..m.nb {
             // SAFETY: the CPU has what this function enables; prefetches never fault.
             unsafe { prefetch(m, grp, b * step, (b + 1) * step) };
-            // SAFETY: offsets stay inside the group and the tile (`b < nb`, `t0 + t < stride`),
+            // SAFETY: offsets stay inside the group and the tile (`b < nb`, `t < N <= stride`),
             // laid out as `PackedMatrix` and `ActPanels` describe (the caller's contract). The
             // aligned loads are aligned: units and their parts are whole 64-byte lines of
             // `data` (`Line` is aligned to 64), and `d`/`m` of block h sit 32·h bytes in. The
             // instructions are those this function enables, which the caller promised.
             unsafe {
                 let (unit, h) = (grp.add(b / 2 * l.bytes), b % 2);
-                let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK + k);
+                let y = |t: usize, k: usize| a.qs.add((b * nt + t) * QK + k);
                 // Σ q·y of each row and token. With one or two tokens, a single chain of
                 // eight dependent `vpdpbusd`s per block would bound the speed by their
                 // latency, so the block is summed in two halves.
@@ -1040,7 +1039,7 @@ mod avx512 {
                     _mm512_setzero_ps()
                 };
                 for t in 0..N {
-                    let at = b * nt + t0 + t; // this block's scalars of token t
+                    let at = b * nt + t; // this block's scalars of token t
                     let dy = _mm512_set1_ps(*a.d.add(at));
                     let mut sumi = isum[t];
                     if split {
@@ -1065,9 +1064,9 @@ mod avx512 {
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: token t0 + t < stride has `valid` writable floats at `dst + (t0 + t)·rows`
-            // (the caller's contract).
-            unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
+            // SAFETY: token t < N <= stride has `valid` writable floats at `dst + t·rows` (the
+            // caller's contract).
+            unsafe { store(dst, m.rows, t, valid, *acc) };
         }
     }
     // ANCHOR_END: kernel_terms
@@ -1083,13 +1082,12 @@ mod avx512 {
     /// whole tile of [`TILE`] tokens, each unpacked weight register used by all of them.
     ///
     /// # Safety
-    /// As for [`tile`], with `t0 + N <= a.stride` and `m` a Q4_K matrix.
+    /// As for [`tile`], with `N <= a.stride` and `m` a Q4_K matrix.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn q4_k<const N: usize>(
         m: &PackedMatrix,
         g: usize,
         a: &Tile,
-        t0: usize,
         dst: *mut f32,
         valid: usize,
     ) {
@@ -1102,7 +1100,7 @@ mod avx512 {
             // the unit, `sc` rows at multiples of 16, `mn` pairs, `d` and `dmin` of 32).
             unsafe {
                 let unit = grp.add(b * l.bytes);
-                let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
+                let y = |t: usize, k: usize| a.qs.add((b * nt + t) * QK_K + k);
                 let mut total = [_mm512_setzero_ps(); N]; // Σ_s sc_s · Σ q·y
                 for s in 0..8 {
                     prefetch(
@@ -1139,7 +1137,7 @@ mod avx512 {
                 let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d) as *const _));
                 let dmin = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.m) as *const _));
                 for t in 0..N {
-                    let at = b * nt + t0 + t;
+                    let at = b * nt + t;
                     let sums = a.sums.add(at * 16); // Σy of each 16 codes
                     let mut mins = _mm512_setzero_si512(); // Σ_s mn_s · Σy
                     for (p, mn) in mn.iter().enumerate() {
@@ -1156,9 +1154,9 @@ mod avx512 {
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: token t0 + t < stride has `valid` writable floats at `dst + (t0 + t)·rows`
-            // (the caller's contract).
-            unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
+            // SAFETY: token t < N <= stride has `valid` writable floats at `dst + t·rows` (the
+            // caller's contract).
+            unsafe { store(dst, m.rows, t, valid, *acc) };
         }
     }
 
@@ -1172,13 +1170,12 @@ mod avx512 {
     /// 32-bit integer multiply costs twice the convert on the port the products use.
     ///
     /// # Safety
-    /// As for [`tile`], with `t0 + N <= a.stride` and `m` a Q6_K matrix.
+    /// As for [`tile`], with `N <= a.stride` and `m` a Q6_K matrix.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn q6_k<const N: usize>(
         m: &PackedMatrix,
         g: usize,
         a: &Tile,
-        t0: usize,
         dst: *mut f32,
         valid: usize,
     ) {
@@ -1190,7 +1187,7 @@ mod avx512 {
             // the unit, `sc` rows at multiples of 16, `d` of 32).
             unsafe {
                 let unit = grp.add(b * l.bytes);
-                let y = |t: usize, k: usize| a.qs.add((b * nt + t0 + t) * QK_K + k);
+                let y = |t: usize, k: usize| a.qs.add((b * nt + t) * QK_K + k);
                 let scales = |s: usize| _mm_load_si128(unit.add(l.sc + 16 * s) as *const _);
                 let mut total = [_mm512_setzero_ps(); N]; // Σ_s sc_s · Σ q·y
                 for s in 0..16 {
@@ -1217,7 +1214,7 @@ mod avx512 {
                 });
                 let dx = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.d) as *const _));
                 for t in 0..N {
-                    let at = b * nt + t0 + t;
+                    let at = b * nt + t;
                     let sums = a.sums.add(at * 16); // Σy of each sub-block
                     let mut offset = _mm512_setzero_si512(); // Σ_s sc_s · Σy
                     for (p, sc) in sc.iter().enumerate() {
@@ -1234,9 +1231,9 @@ mod avx512 {
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            // SAFETY: token t0 + t < stride has `valid` writable floats at `dst + (t0 + t)·rows`
-            // (the caller's contract).
-            unsafe { store(dst, m.rows, t0 + t, valid, *acc) };
+            // SAFETY: token t < N <= stride has `valid` writable floats at `dst + t·rows` (the
+            // caller's contract).
+            unsafe { store(dst, m.rows, t, valid, *acc) };
         }
     }
 }
