@@ -77,7 +77,8 @@ enum Damage {
     RemoveKey(usize),
     /// Remove the `i`-th tensor.
     DropTensor(usize),
-    /// Give the `i`-th tensor another first dimension (a multiple of 32, so blocks still fit).
+    /// Give the `i`-th tensor another first dimension (a multiple of 32, applied where its
+    /// type's blocks still fit).
     Reshape(usize, u64),
     /// Store the `i`-th matrix as another type, with random bytes.
     Retype(usize, usize, u64),
@@ -204,7 +205,14 @@ fn build(s: &Shape, damages: &[Damage]) -> Vec<u8> {
                 tensors.remove(i % n);
                 seeds.remove(i % n);
             }
-            Damage::Reshape(i, d0) if n > 0 => tensors[i % n].1[0] = *d0,
+            // Only to a first dimension the tensor's blocks still fit: a matrix that an
+            // earlier damage made Q4_K or Q6_K takes rows of whole 256-weight blocks (a file
+            // that cannot be written is not a damaged model).
+            Damage::Reshape(i, d0) if n > 0 => {
+                if d0.is_multiple_of(tensors[i % n].2.block_size()) {
+                    tensors[i % n].1[0] = *d0;
+                }
+            }
             Damage::Retype(i, t, seed) if n > 0 => {
                 let t = TYPES[*t];
                 if tensors[i % n].1[0].is_multiple_of(t.block_size()) {
