@@ -208,10 +208,8 @@ fn build(s: &Shape, damages: &[Damage]) -> Vec<u8> {
             // Only to a first dimension the tensor's blocks still fit: a matrix that an
             // earlier damage made Q4_K or Q6_K takes rows of whole 256-weight blocks (a file
             // that cannot be written is not a damaged model).
-            Damage::Reshape(i, d0) if n > 0 => {
-                if d0.is_multiple_of(tensors[i % n].2.block_size()) {
-                    tensors[i % n].1[0] = *d0;
-                }
+            Damage::Reshape(i, d0) if n > 0 && d0.is_multiple_of(tensors[i % n].2.block_size()) => {
+                tensors[i % n].1[0] = *d0
             }
             Damage::Retype(i, t, seed) if n > 0 => {
                 let t = TYPES[*t];
