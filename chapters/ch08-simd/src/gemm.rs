@@ -1075,11 +1075,12 @@ mod avx512 {
     /// 8 sub-blocks of 32.
     ///
     /// Only the first sum is per weight: each sub-block's `Σ q·y` in 32-bit integers, times
-    /// its scale in floats (see the module's docs). The second needs each row's 8 mins and each token's 8
-    /// sub-block sums `Σy` (each within ±32·127, so 16 bits): four `vpdpwssd`s per token and
-    /// super-block, two sub-blocks each, instead of a 32-bit multiply per sub-block; and it is
-    /// taken after the sub-blocks, so the kernel keeps three registers per token and takes a
-    /// whole tile of [`TILE`] tokens, each unpacked weight register used by all of them.
+    /// its scale in floats (see the module's docs). The second needs each row's 8 mins and
+    /// each token's 8 sub-block sums `Σy` (each within ±32·127, so 16 bits): four `vpdpwssd`s
+    /// per token and super-block, two sub-blocks each, instead of a 32-bit multiply per
+    /// sub-block; and it is taken after the sub-blocks, so the kernel keeps three registers per
+    /// token and takes a whole tile of [`TILE`] tokens, each unpacked weight register used by
+    /// all of them.
     ///
     /// # Safety
     /// As for [`tile`], with `N <= a.stride` and `m` a Q4_K matrix.
@@ -1138,7 +1139,7 @@ mod avx512 {
                 let dmin = _mm512_cvtph_ps(_mm256_load_si256(unit.add(l.m) as *const _));
                 for t in 0..N {
                     let at = b * nt + t;
-                    let sums = a.sums.add(at * 16); // Σy of each 16 codes
+                    let sums = a.sums.add(at * 16); // Q8_K's bsums: Σy of each half sub-block
                     let mut mins = _mm512_setzero_si512(); // Σ_s mn_s · Σy
                     for (p, mn) in mn.iter().enumerate() {
                         let y0 = *sums.add(4 * p) + *sums.add(4 * p + 1);

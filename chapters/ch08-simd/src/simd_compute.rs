@@ -63,6 +63,7 @@ pub const KEY_SEGMENT: usize = 256;
 /// thread: enough to even out runs of unequal length, few enough that each unit but a run's
 /// first has its keys asked for while the one before it runs.
 const UNIT_TASKS_PER_THREAD: usize = 4;
+
 /// Rows (tokens) below which RMSNorm and RoPE run on the calling thread: waking the pool costs
 /// more than the work.
 const PAR_ROWS: usize = 16;
@@ -362,15 +363,12 @@ unsafe fn attend_unit<S: F32Simd>(
     // ANCHOR_END: attend_unit
 
     // ANCHOR: attend_tile
-    // Ask for the keys and values ahead of use, two tiles at a time: a decode step reads every
+    // Ask for the keys and values ahead of use, two tiles ahead: a decode step reads every
     // sequence's cache once, rows of one KV head a few lines apart, which the hardware does
-    // not guess soon enough. Into L2 (`prefetcht1`): L1 keeps the decoded tile.
+    // not guess soon enough. Into L2 (`prefetcht1`): L1 keeps the decoded tile. The unit's
+    // first two tiles were asked for before it began (`ahead` in `attend_plans`).
     let head = kvh * hd..(kvh + 1) * hd;
-    let ahead = |keys: Range<usize>| {
-        prefetch_rows(keys.clone(), head.clone(), kvd, |p, m| j.kv.key_run(p, m));
-        prefetch_rows(keys, head.clone(), kvd, |p, m| j.kv.value_run(p, m));
-    };
-    ahead(lo..hi.min(lo.saturating_add(2 * KEY_TILE)));
+    let ahead = |keys: Range<usize>| prefetch_kv(j.kv, keys, head.clone(), kvd);
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_TILE).min(hi);
@@ -471,6 +469,14 @@ unsafe fn attend_unit<S: F32Simd>(
     }
 }
 // ANCHOR_END: attend_finish
+
+/// Ask for part `head` (of rows of `width` values) of the keys and values of positions `keys`
+/// to be brought into the cache.
+#[inline(always)]
+fn prefetch_kv(kv: &dyn KvView, keys: Range<usize>, head: Range<usize>, width: usize) {
+    prefetch_rows(keys.clone(), head.clone(), width, |p, m| kv.key_run(p, m));
+    prefetch_rows(keys, head, width, |p, m| kv.value_run(p, m));
+}
 
 /// Ask for part `head` of the rows of positions `keys` to be brought into the cache, read a run
 /// at a time with `run(pos, max)` as [`gather`] reads them.
@@ -841,7 +847,8 @@ impl SimdCompute {
         // ANCHOR_END: attend_plans
         // ANCHOR: attend_locate
         // Where unit `u` is: its run, key split, KV head, rows (of the run) and keys.
-        let locate = |u: usize| {
+        type Located<'p> = (&'p RunPlan, usize, usize, Range<usize>, Range<usize>);
+        let locate = |u: usize| -> Located<'_> {
             let p = &plans[plans.partition_point(|p| p.units.end <= u)];
             let u = u - p.units.start;
             let (s, rest) = (u % p.splits, u / p.splits);
@@ -852,11 +859,11 @@ impl SimdCompute {
                 (seg * KEY_SEGMENT).max(p.keys.start)..((seg + 1) * KEY_SEGMENT).min(p.keys.end);
             (p, s, kvh, rows, keys)
         };
-        // Ask for the first two tiles of unit `u`'s keys and values: issued while the unit
-        // before it runs, so that a unit does not begin by waiting for memory. (A decode step's
-        // units are short: one row, a few tiles of keys of another sequence each.)
-        let ahead = |u: usize| {
-            let (p, _, kvh, rows, keys) = locate(u);
+        // Ask for the first two tiles of a unit's keys and values: issued while the unit
+        // before it runs (a task's first unit: just before it), so that a unit does not begin
+        // by waiting for memory. (A decode step's units are short: one row, a few tiles of
+        // keys of another sequence each.)
+        let ahead = |(p, _, kvh, rows, keys): &Located| {
             let lo = attn
                 .visible(tokens[p.rows.start + rows.start].pos, p.first)
                 .start;
@@ -866,9 +873,7 @@ impl SimdCompute {
             let first = lo..(lo + 2 * KEY_TILE).min(keys.end);
             let head = kvh * hd..(kvh + 1) * hd;
             view(p, &mut |kv| {
-                let kvd = attn.kv_dim();
-                prefetch_rows(first.clone(), head.clone(), kvd, |p, m| kv.key_run(p, m));
-                prefetch_rows(first.clone(), head.clone(), kvd, |p, m| kv.value_run(p, m));
+                prefetch_kv(kv, first.clone(), head.clone(), attn.kv_dim())
             });
         };
         // Tasks of consecutive units, so that each knows the unit it does next.
@@ -880,11 +885,17 @@ impl SimdCompute {
         // ANCHOR: attend_units
         self.pool.run(tasks, &|i| {
             let mine = n_units * i / tasks..n_units * (i + 1) / tasks;
+            if mine.is_empty() {
+                return;
+            }
+            let mut unit = locate(mine.start);
+            ahead(&unit);
             for u in mine.clone() {
-                if u + 1 < mine.end {
-                    ahead(u + 1);
+                let next = (u + 1 < mine.end).then(|| locate(u + 1));
+                if let Some(next) = &next {
+                    ahead(next);
                 }
-                let (p, s, kvh, rows, keys) = locate(u);
+                let (p, s, kvh, rows, keys) = unit;
                 // Each unit writes rows `rows` of its run and heads `kvh·group..(kvh+1)·group`:
                 // in `out` (which holds `n` rows, checked above) when the run's keys are not
                 // split, in split `s`'s part of the run's partials otherwise (`plans` placed each
@@ -914,6 +925,10 @@ impl SimdCompute {
                         )
                     });
                 });
+                match next {
+                    Some(next) => unit = next,
+                    None => break,
+                }
             }
         });
         for p in plans.iter().filter(|p| p.splits > 1) {
