@@ -17,12 +17,19 @@
 //! 1 token (a decode step) and 64 (a prompt), in multiply-adds per second: what each type's
 //! tile costs against the others (a Q4_K product as fast as a Q4_0 one, Q6_K's a little
 //! slower: a byte per 6-bit code to read).
+//!
+//! And `attend_decode_16x230`: the attention of one decode step of 16 sequences, each with
+//! 230 positions cached, over SmolLM2-135M's 30 layers (9 query heads, 3 KV heads of 64) in a
+//! paged f16 or f32 cache: chapter 3's scalar reference, and [`SimdCompute`] on 1 and 2
+//! threads. Each step reads all 16 caches once, 85 MB in f16, so it shows how much of such a
+//! step is memory and how much arithmetic. Checked against the scalar reference first.
 
-use ch08::QMatrix;
 use ch08::ch01::GgmlType;
+use ch08::ch04::ch03::{Attention, AttentionOps, KvStore, RopeStyle, RopeTable, Scalar, TokenPos};
 use ch08::gemm::{ActPanels, OutPtr, PackedMatrix, PackedType};
 use ch08::kernels::{Isa, KernelSet, TypeKernels, WEIGHT_TYPES, dot_kernels};
 use ch08::quants::{FromFloat, type_traits};
+use ch08::{PoolKind, QMatrix, SimdCompute, ch05, new_pool};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::Duration;
@@ -172,6 +179,93 @@ fn packed(c: &mut Criterion) {
     group.finish();
 }
 
+/// Largest difference allowed between the SIMD and the scalar attention output, relative to
+/// the output's largest magnitude: f32 sums in another order (tiles, an online softmax, vector
+/// lanes) differ by a few units of 2^-23 per term; a wrong key, weight or head differs by the
+/// values themselves.
+const ATTEND_TOL: f32 = 1e-4;
+
+fn attend_decode(c: &mut Criterion) {
+    const SEQS: usize = 16;
+    const CTX: usize = 230;
+    const LAYERS: usize = 30;
+    const BLOCK: usize = 16;
+    let (n_head, n_head_kv, hd) = (9, 3, 64);
+    let kvd = n_head_kv * hd;
+    let attn = Attention {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        rope: RopeTable::new(hd, 10000.0, 1.0, RopeStyle::Normal, 2048),
+        window: None,
+        kq_scale: Attention::standard_scale(hd),
+    };
+    let value = |i: usize| ((i as f32) * 0.37).sin() * 2.0;
+    // The last position of each sequence decodes: one query row each.
+    let tokens: Vec<TokenPos> = (0..SEQS)
+        .flat_map(|s| TokenPos::run(s, CTX - 1, 1))
+        .collect();
+    let q: Vec<f32> = (0..SEQS * n_head * hd).map(|i| value(i * 7 + 1)).collect();
+    let mut group = c.benchmark_group(format!("attend_decode_{SEQS}x{CTX}"));
+    group.sample_size(10);
+    group.throughput(Throughput::Elements((SEQS * CTX * LAYERS) as u64));
+    for (cache, types) in [
+        ("f16", ch05::CacheTypes::F16),
+        ("f32", ch05::CacheTypes::F32),
+    ] {
+        // Blocks handed out a position of every sequence at a time, as a server's steps do:
+        // each sequence's blocks lie all over the pool.
+        let blocks = SEQS * CTX.div_ceil(BLOCK);
+        let mut kv = ch05::PagedCache::try_typed(LAYERS, kvd, BLOCK, blocks, types).unwrap();
+        for p in 0..CTX {
+            for s in 0..SEQS {
+                kv.reserve(s, p..p + 1).unwrap();
+                for l in 0..LAYERS {
+                    let k: Vec<f32> = (0..kvd).map(|i| value((p * 31 + l) * kvd + i)).collect();
+                    let v: Vec<f32> = (0..kvd)
+                        .map(|i| value((p * 17 + s) * kvd + i + 5))
+                        .collect();
+                    kv.store(l, s, p, &k, &v);
+                }
+            }
+        }
+        let step = |ops: &dyn AttentionOps, out: &mut [f32]| {
+            for l in 0..LAYERS {
+                ops.attend_batch(&attn, l, &q, &tokens, &kv, out);
+            }
+        };
+        let mut want = vec![0f32; q.len()];
+        step(&Scalar, &mut want);
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let mut members: Vec<(String, Box<dyn AttentionOps>)> =
+            vec![(format!("scalar_{cache}"), Box::new(Scalar))];
+        for threads in [1, 2] {
+            let pool = new_pool(PoolKind::Spin, threads);
+            members.push((
+                format!("simd_{cache}"),
+                Box::new(SimdCompute::new(&KernelSet::best(), pool)),
+            ));
+        }
+        for (i, (name, ops)) in members.iter().enumerate() {
+            let mut out = vec![0f32; q.len()];
+            step(ops.as_ref(), &mut out);
+            let worst = out
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= ATTEND_TOL * scale,
+                "{name}: off by {worst} (of {scale})"
+            );
+            let threads = if i == 0 { 1 } else { i };
+            group.bench_function(BenchmarkId::new(name, threads), |b| {
+                b.iter(|| step(ops.as_ref(), &mut out))
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     // Kernels take nanoseconds to microseconds: two seconds a member are plenty, and keep
@@ -179,6 +273,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = vec_dot, quantize, packed
+    targets = vec_dot, quantize, packed, attend_decode
 }
 criterion_main!(benches);
