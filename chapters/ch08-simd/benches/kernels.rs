@@ -205,7 +205,7 @@ fn attend_decode(c: &mut Criterion) {
     let tokens: Vec<TokenPos> = (0..SEQS)
         .flat_map(|s| TokenPos::run(s, CTX - 1, 1))
         .collect();
-    let q: Vec<f32> = (0..SEQS * n_head * hd).map(|i| value(i * 7 + 1)).collect();
+    let q: Vec<f32> = (0..SEQS * n_head * hd).map(|i| value(i * 7 + 1)).collect(); // (SEQS, n_head, hd)
     let mut group = c.benchmark_group(format!("attend_decode_{SEQS}x{CTX}"));
     group.sample_size(10);
     group.throughput(Throughput::Elements((SEQS * CTX * LAYERS) as u64));
@@ -221,6 +221,7 @@ fn attend_decode(c: &mut Criterion) {
             for s in 0..SEQS {
                 kv.reserve(s, p..p + 1).unwrap();
                 for l in 0..LAYERS {
+                    // (n_head_kv, hd) each
                     let k: Vec<f32> = (0..kvd).map(|i| value((p * 31 + l) * kvd + i)).collect();
                     let v: Vec<f32> = (0..kvd)
                         .map(|i| value((p * 17 + s) * kvd + i + 5))
@@ -234,19 +235,18 @@ fn attend_decode(c: &mut Criterion) {
                 ops.attend_batch(&attn, l, &q, &tokens, &kv, out);
             }
         };
-        let mut want = vec![0f32; q.len()];
+        let mut want = vec![0f32; q.len()]; // (SEQS, n_head, hd)
         step(&Scalar, &mut want);
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let mut members: Vec<(String, Box<dyn AttentionOps>)> =
-            vec![(format!("scalar_{cache}"), Box::new(Scalar))];
+        // (name, threads, attention)
+        let mut members: Vec<(String, usize, Box<dyn AttentionOps>)> =
+            vec![(format!("scalar_{cache}"), 1, Box::new(Scalar))];
         for threads in [1, 2] {
             let pool = new_pool(PoolKind::Spin, threads);
-            members.push((
-                format!("simd_{cache}"),
-                Box::new(SimdCompute::new(&KernelSet::best(), pool)),
-            ));
+            let simd = SimdCompute::new(&KernelSet::best(), pool);
+            members.push((format!("simd_{cache}"), threads, Box::new(simd)));
         }
-        for (i, (name, ops)) in members.iter().enumerate() {
+        for (name, threads, ops) in &members {
             let mut out = vec![0f32; q.len()];
             step(ops.as_ref(), &mut out);
             let worst = out
@@ -257,7 +257,6 @@ fn attend_decode(c: &mut Criterion) {
                 worst <= ATTEND_TOL * scale,
                 "{name}: off by {worst} (of {scale})"
             );
-            let threads = if i == 0 { 1 } else { i };
             group.bench_function(BenchmarkId::new(name, threads), |b| {
                 b.iter(|| step(ops.as_ref(), &mut out))
             });
