@@ -351,9 +351,10 @@ unsafe fn attend_unit<S: F32Simd>(
             (lo, hi) = (lo.min(vlo), hi.max(vhi));
         }
     }
-    let q_of = |r: usize, g: usize| {
-        let at = (rows.start + r) * qd + (kvh * group + g) * hd;
-        &j.q[at..at + hd]
+    // Row `r`'s query vectors of this KV head's group, side by side: `(group, head_dim)`.
+    let q_group = |r: usize| {
+        let at = (rows.start + r) * qd + kvh * group * hd;
+        &j.q[at..at + group * hd]
     };
     // Where a tile of an f16 or q8_0 cache is decoded: taken out of the tile for the loop (so
     // the rows can borrow it while the rest of the tile is written) and put back after.
@@ -372,7 +373,6 @@ unsafe fn attend_unit<S: F32Simd>(
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_TILE).min(hi);
-        let nt = j1 - j0;
         ahead((j1 + KEY_TILE).min(hi)..(j1 + 2 * KEY_TILE).min(hi));
         // The key and value rows of the tile, this KV head's part of each: read in place from
         // an f32 cache, decoded once for the whole group of query vectors from any other.
@@ -405,20 +405,35 @@ unsafe fn attend_unit<S: F32Simd>(
             // The keys of the tile this row sees, as indices into the tile.
             let (vlo, vhi) = t.vis[r];
             let (a, b) = (vlo.clamp(j0, j1) - j0, vhi.clamp(j0, j1) - j0);
+            if a >= b {
+                continue; // this row sees none of the tile's keys
+            }
+            // The row's query vectors of this KV head's group: side by side in `q`, their
+            // scores `KEY_TILE` apart in `t.s`, their accumulators side by side in `t.acc`.
+            let s0 = r * group * KEY_TILE;
+            // Scores for all of them, each key read once for the group.
+            // SAFETY: `S`'s instructions are enabled (this function's contract); `gather` filled
+            // rows `0..nt` of the tile with `hd`-value slices of the keys, as `scores_heads`
+            // needs, and `t.s` holds `KEY_TILE` scores for every query vector of the unit.
+            unsafe {
+                S::scores_heads(
+                    q_group(r),
+                    hd,
+                    &krows[a..b],
+                    scale,
+                    &mut t.s[s0 + a..],
+                    KEY_TILE,
+                )
+            };
+            // ANCHOR_END: attend_softmax
+            // ANCHOR: attend_weights
             for g in 0..group {
+                // The online softmax: rescale what was accumulated if the maximum grew, and
+                // turn this tile's scores into weights.
                 let qv = r * group + g;
-                let s = &mut t.s[qv * KEY_TILE..qv * KEY_TILE + nt];
-                if a >= b {
-                    continue; // this query sees none of the tile's keys
-                }
-                // Scores, then the online softmax: rescale what was accumulated if the
-                // maximum grew, and add this tile's weights and weighted values.
-                // SAFETY: `S`'s instructions are enabled (this function's contract); `q_of` gives
-                // `hd` values and `gather` filled rows `0..nt` of the tile with `hd`-value slices
-                // of the keys, as `scores` needs.
-                unsafe { S::scores(q_of(r, g), &krows[a..b], scale, &mut s[a..b]) };
+                let s = &mut t.s[qv * KEY_TILE + a..qv * KEY_TILE + b];
                 // SAFETY: `S`'s instructions are enabled; `max` reads only inside its slice.
-                let tile_max = unsafe { S::max(&s[a..b]) };
+                let tile_max = unsafe { S::max(s) };
                 let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
                 let m_new = t.m[qv].max(tile_max);
                 if m_new > t.m[qv] {
@@ -429,17 +444,19 @@ unsafe fn attend_unit<S: F32Simd>(
                     t.m[qv] = m_new;
                 }
                 // SAFETY: `S`'s instructions are enabled; `exp_sum` stays inside its slice.
-                t.l[qv] += unsafe { S::exp_sum(&mut s[a..b], m_new) };
-                // SAFETY: `S`'s instructions are enabled; `acc` holds `hd` values and `gather`
-                // filled rows `0..nt` of the tile with `hd`-value slices of the values, as
-                // `weighted_sum` needs.
-                unsafe { S::weighted_sum(acc, &s[a..b], &vrows[a..b]) };
+                t.l[qv] += unsafe { S::exp_sum(s, m_new) };
             }
+            // The weighted values, each value row read once for the group.
+            let acc = &mut t.acc[r * group * hd..(r + 1) * group * hd];
+            // SAFETY: `S`'s instructions are enabled; `acc` holds `hd` values for each of the
+            // group's query vectors and `gather` filled rows `0..nt` of the tile with `hd`-value
+            // slices of the values, as `weighted_sum_heads` needs.
+            unsafe { S::weighted_sum_heads(acc, hd, &t.s[s0 + a..], KEY_TILE, &vrows[a..b]) };
         }
         j0 = j1;
     }
     (t.kdec, t.vdec) = (kdec, vdec);
-    // ANCHOR_END: attend_softmax
+    // ANCHOR_END: attend_weights
 
     // ANCHOR: attend_finish
     for r in 0..nr {

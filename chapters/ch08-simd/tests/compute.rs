@@ -86,6 +86,11 @@ mod avx2 {
         has_avx2() && is_x86_feature_detected!("avx512f")
     }
 
+    /// The bits of each float: equal only where every operation was the same.
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
     /// The odd lengths where tails go wrong, and some long ones.
     fn lengths() -> impl Strategy<Value = usize> {
         prop_oneof![
@@ -190,6 +195,41 @@ mod avx2 {
                 assert_close("scores, avx512", &[nk], &s1, &s2, LANES_TOL);
                 assert_close("weighted_sum, avx512", &[hd], &a3, &a2, LANES_TOL);
             }
+        }
+
+        #[test]
+        fn a_groups_kernels_give_each_head_its_own_bits(
+            hd in prop_oneof![Just(64usize), Just(128), Just(40)],
+            group in 1usize..5,
+            nk in 1usize..70,
+            seed in any::<u64>(),
+        ) {
+            if !has_avx512() {
+                return Ok(());
+            }
+            // `group` query heads against the same keys and values, scores `STRIDE` apart: the
+            // group calls (which load each row once for all heads where a kernel exists, for
+            // 64-value heads in twos and threes) against one call per head.
+            const STRIDE: usize = 80;
+            let q = noise(group * hd, seed); // (group, hd)
+            let kv = noise(nk * hd, seed ^ 7); // (nk, hd)
+            let rows: Vec<&[f32]> = kv.chunks_exact(hd).collect();
+            let p = noise(group * STRIDE, seed ^ 9); // (group, STRIDE)
+            let (mut s1, mut s2) = (vec![0.0; group * STRIDE], vec![0.0; group * STRIDE]);
+            let (mut a1, mut a2) = (noise(group * hd, seed ^ 3), noise(group * hd, seed ^ 3));
+            // SAFETY: the CPU has AVX-512 F (checked); every row holds `hd` values.
+            unsafe {
+                Avx512::scores_heads(&q, hd, &rows, 0.125, &mut s1, STRIDE);
+                Avx512::weighted_sum_heads(&mut a1, hd, &p, STRIDE, &rows);
+                for g in 0..group {
+                    let s = &mut s2[g * STRIDE..g * STRIDE + nk];
+                    Avx512::scores(&q[g * hd..(g + 1) * hd], &rows, 0.125, s);
+                    let p = &p[g * STRIDE..g * STRIDE + nk];
+                    Avx512::weighted_sum(&mut a2[g * hd..(g + 1) * hd], p, &rows);
+                }
+            }
+            prop_assert_eq!(bits(&s1), bits(&s2));
+            prop_assert_eq!(bits(&a1), bits(&a2));
         }
     }
 }

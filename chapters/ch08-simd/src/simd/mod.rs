@@ -89,8 +89,48 @@ pub trait F32Simd {
             unsafe { Self::axpy(acc, p, v) };
         }
     }
+    // ANCHOR_END: f32simd_provided
+
+    // ANCHOR: f32simd_heads
+    /// [`F32Simd::scores`] of several query vectors against the same keys: `q` holds them side
+    /// by side, `hd` values each (the query heads of one KV head), and query `i`'s scores go to
+    /// `s[i·stride..][..keys.len()]`. A kernel may load each key once for all of them; each
+    /// query's scores must be the bits `scores` gives it alone.
+    #[inline(always)]
+    unsafe fn scores_heads(
+        q: &[f32],
+        hd: usize,
+        keys: &[&[f32]],
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        for (i, q) in q.chunks_exact(hd).enumerate() {
+            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives key rows of
+            // `hd` values (this method's contract), which is all `scores` needs.
+            unsafe { Self::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]) };
+        }
+    }
+    /// [`F32Simd::weighted_sum`] of several accumulators over the same value rows: `acc` holds
+    /// them side by side, `hd` values each, and accumulator `i` takes the weights
+    /// `p[i·stride..][..vals.len()]`. A kernel may load each value row once for all of them;
+    /// each accumulator must get the bits `weighted_sum` gives it alone.
+    #[inline(always)]
+    unsafe fn weighted_sum_heads(
+        acc: &mut [f32],
+        hd: usize,
+        p: &[f32],
+        stride: usize,
+        vals: &[&[f32]],
+    ) {
+        for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
+            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives value rows of
+            // `hd` values (this method's contract), which is all `weighted_sum` needs.
+            unsafe { Self::weighted_sum(a, &p[i * stride..i * stride + vals.len()], vals) };
+        }
+    }
+    // ANCHOR_END: f32simd_heads
 }
-// ANCHOR_END: f32simd_provided
 
 #[cfg(target_arch = "aarch64")]
 pub mod arm;
