@@ -370,36 +370,75 @@ unsafe fn attend_unit<S: F32Simd>(
     // first two tiles were asked for before it began (`ahead` in `attend_plans`).
     let head = kvh * hd..(kvh + 1) * hd;
     let ahead = |keys: Range<usize>| prefetch_kv(j.kv, keys, head.clone(), kvd);
+    // An f16 cache is read in place where the kernels convert its rows as they load them
+    // (AVX-512, SmolLM2's groups): no decoded copy of the tile to write and read back.
+    let f16 = |r: KvRows| {
+        matches!(
+            r,
+            KvRows::Encoded {
+                ty: GgmlType::F16,
+                ..
+            }
+        )
+    };
+    let in_place = lo < hi
+        && S::heads_f16(hd, group)
+        && f16(j.kv.key_run(lo, 1))
+        && f16(j.kv.value_run(lo, 1));
     let mut j0 = lo;
     while j0 < hi {
         let j1 = (j0 + KEY_TILE).min(hi);
         ahead((j1 + KEY_TILE).min(hi)..(j1 + 2 * KEY_TILE).min(hi));
         // The key and value rows of the tile, this KV head's part of each: read in place from
-        // an f32 cache, decoded once for the whole group of query vectors from any other.
+        // an f32 cache (or an f16 one, above), decoded once for the whole group of query
+        // vectors from any other.
         let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
         let mut vrows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
-        // SAFETY: `S`'s instructions are enabled (this function's contract).
-        unsafe {
-            gather::<S>(
+        let mut khalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE];
+        let mut vhalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE];
+        // ANCHOR_END: attend_tile
+        // ANCHOR: attend_gather
+        if in_place {
+            gather_f16(
                 j0,
                 j1,
-                kvh * hd..(kvh + 1) * hd,
+                head.clone(),
                 kvd,
                 |p, m| j.kv.key_run(p, m),
-                &mut kdec,
-                &mut krows,
+                &mut khalf,
             );
-            gather::<S>(
+            gather_f16(
                 j0,
                 j1,
-                kvh * hd..(kvh + 1) * hd,
+                head.clone(),
                 kvd,
                 |p, m| j.kv.value_run(p, m),
-                &mut vdec,
-                &mut vrows,
+                &mut vhalf,
             );
+        } else {
+            // SAFETY: `S`'s instructions are enabled (this function's contract).
+            unsafe {
+                gather::<S>(
+                    j0,
+                    j1,
+                    kvh * hd..(kvh + 1) * hd,
+                    kvd,
+                    |p, m| j.kv.key_run(p, m),
+                    &mut kdec,
+                    &mut krows,
+                );
+                gather::<S>(
+                    j0,
+                    j1,
+                    kvh * hd..(kvh + 1) * hd,
+                    kvd,
+                    |p, m| j.kv.value_run(p, m),
+                    &mut vdec,
+                    &mut vrows,
+                );
+            }
         }
-        // ANCHOR_END: attend_tile
+        // ANCHOR_END: attend_gather
         // ANCHOR: attend_softmax
         for r in 0..nr {
             // The keys of the tile this row sees, as indices into the tile.
@@ -412,18 +451,15 @@ unsafe fn attend_unit<S: F32Simd>(
             // scores `KEY_TILE` apart in `t.s`, their accumulators side by side in `t.acc`.
             let s0 = r * group * KEY_TILE;
             // Scores for all of them, each key read once for the group.
-            // SAFETY: `S`'s instructions are enabled (this function's contract); `gather` filled
-            // rows `0..nt` of the tile with `hd`-value slices of the keys, as `scores_heads`
-            // needs, and `t.s` holds `KEY_TILE` scores for every query vector of the unit.
+            let (q, s) = (q_group(r), &mut t.s[s0 + a..]);
+            // SAFETY: `S`'s instructions are enabled (this function's contract); the gathers
+            // filled rows `a..b` of the tile with `hd`-value rows of the keys, as the kernels
+            // need, and `t.s` holds `KEY_TILE` scores for every query vector of the unit.
             unsafe {
-                S::scores_heads(
-                    q_group(r),
-                    hd,
-                    &krows[a..b],
-                    scale,
-                    &mut t.s[s0 + a..],
-                    KEY_TILE,
-                )
+                match in_place {
+                    true => S::scores_heads_f16(q, hd, &khalf[a..b], scale, s, KEY_TILE),
+                    false => S::scores_heads(q, hd, &krows[a..b], scale, s, KEY_TILE),
+                }
             };
             // ANCHOR_END: attend_softmax
             // ANCHOR: attend_weights
@@ -448,10 +484,16 @@ unsafe fn attend_unit<S: F32Simd>(
             }
             // The weighted values, each value row read once for the group.
             let acc = &mut t.acc[r * group * hd..(r + 1) * group * hd];
+            let p = &t.s[s0 + a..];
             // SAFETY: `S`'s instructions are enabled; `acc` holds `hd` values for each of the
-            // group's query vectors and `gather` filled rows `0..nt` of the tile with `hd`-value
-            // slices of the values, as `weighted_sum_heads` needs.
-            unsafe { S::weighted_sum_heads(acc, hd, &t.s[s0 + a..], KEY_TILE, &vrows[a..b]) };
+            // group's query vectors and the gathers filled rows `a..b` of the tile with
+            // `hd`-value rows of the values, as the kernels need.
+            unsafe {
+                match in_place {
+                    true => S::weighted_sum_heads_f16(acc, hd, p, KEY_TILE, &vhalf[a..b]),
+                    false => S::weighted_sum_heads(acc, hd, p, KEY_TILE, &vrows[a..b]),
+                }
+            };
         }
         j0 = j1;
     }
@@ -610,6 +652,43 @@ unsafe fn gather<'a, S: F32Simd>(
         if decoded[i] {
             *row = &dec[i * hd..(i + 1) * hd];
         }
+    }
+}
+
+/// Fill `rows[..j1 - j0]` with part `head` of the f16 rows of positions `j0..j1` (`2·head.len()`
+/// bytes each), in place, read a run at a time with `run(pos, max)` as [`gather`] reads them.
+fn gather_f16<'a>(
+    j0: usize,
+    j1: usize,
+    head: Range<usize>,
+    width: usize,
+    run: impl Fn(usize, usize) -> KvRows<'a>,
+    rows: &mut [&'a [u8]; KEY_TILE],
+) {
+    let mut p = j0;
+    while p < j1 {
+        let r = run(p, j1 - p);
+        let n = r.len(width).min(j1 - p);
+        // As in `gather`: a store that gives less than a row, or changes its rows' type within
+        // a call, breaks `KvView`'s promise; refused before any kernel reads.
+        let KvRows::Encoded {
+            ty: GgmlType::F16,
+            bytes,
+        } = r
+        else {
+            panic!(
+                "attention: the KV store's rows at position {p} are not the f16 rows it began with"
+            )
+        };
+        assert!(
+            n >= 1,
+            "attention: the KV store returned less than one row of {width} values at position {p}"
+        );
+        let (rb, b0, b1) = (2 * width, 2 * head.start, 2 * head.end);
+        for k in 0..n {
+            rows[p - j0 + k] = &bytes[k * rb + b0..k * rb + b1];
+        }
+        p += n;
     }
 }
 

@@ -230,6 +230,36 @@ mod avx2 {
             }
             prop_assert_eq!(bits(&s1), bits(&s2));
             prop_assert_eq!(bits(&a1), bits(&a2));
+
+            // The same rows kept in f16 and read in place: where the set has kernels of its own
+            // (`heads_f16`), the bits of the rows decoded first; elsewhere the default, a row at
+            // a time, close to them.
+            let halves: Vec<u8> = kv
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect();
+            let hrows: Vec<&[u8]> = halves.chunks_exact(2 * hd).collect();
+            let decoded: Vec<f32> = halves
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect();
+            let drows: Vec<&[f32]> = decoded.chunks_exact(hd).collect();
+            let (mut s3, mut s4) = (vec![0.0; group * STRIDE], vec![0.0; group * STRIDE]);
+            let (mut a3, mut a4) = (noise(group * hd, seed ^ 3), noise(group * hd, seed ^ 3));
+            // SAFETY: as above; every f16 row holds `2·hd` bytes.
+            unsafe {
+                Avx512::scores_heads_f16(&q, hd, &hrows, 0.125, &mut s3, STRIDE);
+                Avx512::weighted_sum_heads_f16(&mut a3, hd, &p, STRIDE, &hrows);
+                Avx512::scores_heads(&q, hd, &drows, 0.125, &mut s4, STRIDE);
+                Avx512::weighted_sum_heads(&mut a4, hd, &p, STRIDE, &drows);
+            }
+            if Avx512::heads_f16(hd, group) {
+                prop_assert_eq!(bits(&s3), bits(&s4));
+                prop_assert_eq!(bits(&a3), bits(&a4));
+            } else {
+                assert_close("scores_heads_f16", &[group * STRIDE], &s3, &s4, LANES_TOL);
+                assert_close("weighted_sum_heads_f16", &[group * hd], &a3, &a4, LANES_TOL);
+            }
         }
     }
 }

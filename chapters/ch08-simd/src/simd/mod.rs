@@ -130,6 +130,109 @@ pub trait F32Simd {
         }
     }
     // ANCHOR_END: f32simd_heads
+    /// Whether [`F32Simd::scores_heads_f16`] and [`F32Simd::weighted_sum_heads_f16`] are kernels
+    /// of this set's own for groups of `group` heads of `hd` values, which attention then uses
+    /// on an f16 cache instead of decoding its rows first. By default they are not.
+    fn heads_f16(_hd: usize, _group: usize) -> bool {
+        false
+    }
+    /// [`F32Simd::scores_heads`] over key rows of little-endian f16 (`2·hd` bytes each),
+    /// converted as they are loaded: a set's own kernel must give each query the bits its
+    /// `scores` gives against the rows decoded. The default ([`scores_heads_f16_rows`]) decodes
+    /// each row and takes `dot` of it: correct, but no faster than decoding the tile, and not
+    /// those bits; attention calls it only where `heads_f16` says a set has its own.
+    #[inline(always)]
+    unsafe fn scores_heads_f16(
+        q: &[f32],
+        hd: usize,
+        keys: &[&[u8]],
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) where
+        Self: Sized,
+    {
+        // SAFETY: forwarded: the caller enables `Self`'s instructions.
+        unsafe { scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride) }
+    }
+    /// [`F32Simd::weighted_sum_heads`] over value rows of little-endian f16, converted as they
+    /// are loaded: a set's own kernel must give each accumulator the bits its `weighted_sum`
+    /// gives against the rows decoded. The default ([`weighted_sum_heads_f16_rows`]) decodes
+    /// each row and takes `axpy` of it, as `scores_heads_f16`'s does.
+    #[inline(always)]
+    unsafe fn weighted_sum_heads_f16(
+        acc: &mut [f32],
+        hd: usize,
+        p: &[f32],
+        stride: usize,
+        vals: &[&[u8]],
+    ) where
+        Self: Sized,
+    {
+        // SAFETY: forwarded: the caller enables `Self`'s instructions.
+        unsafe { weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals) }
+    }
+}
+
+/// [`F32Simd::scores_heads_f16`] a row at a time: each f16 key row decoded (256 values at a
+/// time) and taken `dot` of, for each query.
+///
+/// # Safety
+/// `S`'s instructions are available.
+#[inline(always)]
+pub unsafe fn scores_heads_f16_rows<S: F32Simd>(
+    q: &[f32],
+    hd: usize,
+    keys: &[&[u8]],
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    let mut buf = [0f32; 256];
+    for (j, k) in keys.iter().enumerate() {
+        for (g, q) in q.chunks_exact(hd).enumerate() {
+            let mut dot = 0.0;
+            for (k, q) in k.chunks(512).zip(q.chunks(256)) {
+                let b = &mut buf[..q.len()];
+                // SAFETY: the caller enables `S`'s instructions; the decoder and `dot` stay
+                // inside their slices.
+                unsafe {
+                    S::f16_to_f32(k, b);
+                    dot += S::dot(q, b);
+                }
+            }
+            s[g * stride + j] = dot * scale;
+        }
+    }
+}
+
+/// [`F32Simd::weighted_sum_heads_f16`] a row at a time: each f16 value row decoded (256
+/// values at a time) and added with `axpy`, for each accumulator.
+///
+/// # Safety
+/// `S`'s instructions are available.
+#[inline(always)]
+pub unsafe fn weighted_sum_heads_f16_rows<S: F32Simd>(
+    acc: &mut [f32],
+    hd: usize,
+    p: &[f32],
+    stride: usize,
+    vals: &[&[u8]],
+) {
+    let mut buf = [0f32; 256];
+    for (j, v) in vals.iter().enumerate() {
+        for (g, a) in acc.chunks_exact_mut(hd).enumerate() {
+            for (v, a) in v.chunks(512).zip(a.chunks_mut(256)) {
+                let b = &mut buf[..a.len()];
+                // SAFETY: the caller enables `S`'s instructions; the decoder and `axpy` stay
+                // inside their slices.
+                unsafe {
+                    S::f16_to_f32(v, b);
+                    S::axpy(a, p[g * stride + j], b);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "aarch64")]

@@ -633,6 +633,133 @@ unsafe fn weighted_sum_heads512<const V: usize, const G: usize>(
     }
 }
 
+/// [`scores_regs512`] for the `G` query vectors of `q` (side by side, `16·V` floats each)
+/// against the same keys: each key's `V` registers are loaded once and used by every query.
+/// Query `g`'s scores go to `s[g·stride..]`, the bits `scores_regs512` gives it alone (the
+/// same multiply-adds and sums, in the same order).
+///
+/// # Safety
+/// As for [`scores_regs512`]; `q` holds `G·16·V` floats and `s` at least
+/// `(G - 1)·stride + keys.len()`.
+#[inline(always)]
+unsafe fn scores_heads512_f16<const V: usize, const G: usize>(
+    q: &[f32],
+    keys: &[&[u8]],
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    assert!(q.len() >= G * 16 * V && s.len() >= (G - 1) * stride + keys.len());
+    // SAFETY: the loads read `16·V` floats of every key row (the caller's contract) and of each
+    // query (asserted above); every store is at `g·stride + j` with `j + 4 <= keys.len()` or
+    // `j < keys.len()`, inside `s` (asserted). AVX-512 F, AVX2 and FMA are enabled by the caller.
+    unsafe {
+        let mut qr = [[_mm512_setzero_ps(); V]; G];
+        for (g, qg) in qr.iter_mut().enumerate() {
+            for (i, r) in qg.iter_mut().enumerate() {
+                *r = _mm512_loadu_ps(q.as_ptr().add(16 * (g * V + i)));
+            }
+        }
+        let half = |v: __m512| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            )
+        };
+        let vs = _mm_set1_ps(scale);
+        let out = s.as_mut_ptr();
+        let mut j = 0;
+        while j + 4 <= keys.len() {
+            let k = [
+                keys[j].as_ptr(),
+                keys[j + 1].as_ptr(),
+                keys[j + 2].as_ptr(),
+                keys[j + 3].as_ptr(),
+            ];
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
+            for i in 0..V {
+                for (kk, kp) in k.iter().enumerate() {
+                    let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(32 * i) as *const __m256i));
+                    for (a, qg) in acc.iter_mut().zip(&qr) {
+                        a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
+                    }
+                }
+            }
+            for (g, a) in acc.iter().enumerate() {
+                let h01 = _mm256_hadd_ps(half(a[0]), half(a[1]));
+                let h23 = _mm256_hadd_ps(half(a[2]), half(a[3]));
+                let h = _mm256_hadd_ps(h01, h23);
+                let sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                _mm_storeu_ps(out.add(g * stride + j), _mm_mul_ps(sum, vs));
+            }
+            j += 4;
+        }
+        while j < keys.len() {
+            for (g, qg) in qr.iter().enumerate() {
+                let mut acc = _mm512_setzero_ps();
+                for (i, q) in qg.iter().enumerate() {
+                    acc = _mm512_fmadd_ps(
+                        *q,
+                        _mm512_cvtph_ps(_mm256_loadu_si256(
+                            keys[j].as_ptr().add(32 * i) as *const __m256i
+                        )),
+                        acc,
+                    );
+                }
+                *out.add(g * stride + j) = _mm512_reduce_add_ps(acc) * scale;
+            }
+            j += 1;
+        }
+    }
+}
+
+/// [`weighted_sum_regs512`] for the `G` accumulators of `acc` (side by side, `16·V` floats
+/// each) over the same value rows: each row's `V` registers are loaded once and used by every
+/// accumulator. Accumulator `g` takes the weights `p[g·stride..]` and gets the bits
+/// `weighted_sum_regs512` gives it alone.
+///
+/// # Safety
+/// As for [`weighted_sum_regs512`]; `acc` holds `G·16·V` floats and `p` at least
+/// `(G - 1)·stride + vals.len()`.
+#[inline(always)]
+unsafe fn weighted_sum_heads512_f16<const V: usize, const G: usize>(
+    acc: &mut [f32],
+    p: &[f32],
+    stride: usize,
+    vals: &[&[u8]],
+) {
+    assert!(acc.len() >= G * 16 * V && p.len() >= (G - 1) * stride + vals.len());
+    // SAFETY: the loads and stores of `acc` stay inside its `G·16·V` floats (asserted), the
+    // weight at `g·stride + j` with `j < vals.len()` inside `p` (asserted), and the loads of
+    // each value row read `16·V` floats (the caller's contract). AVX-512 F is enabled by the
+    // caller.
+    unsafe {
+        let mut a = [[_mm512_setzero_ps(); V]; G];
+        for (g, ag) in a.iter_mut().enumerate() {
+            for (i, r) in ag.iter_mut().enumerate() {
+                *r = _mm512_loadu_ps(acc.as_ptr().add(16 * (g * V + i)));
+            }
+        }
+        for (j, v) in vals.iter().enumerate() {
+            let mut vr = [_mm512_setzero_ps(); V];
+            for (i, r) in vr.iter_mut().enumerate() {
+                *r = _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(32 * i) as *const __m256i));
+            }
+            for (g, ag) in a.iter_mut().enumerate() {
+                let vp = _mm512_set1_ps(*p.get_unchecked(g * stride + j));
+                for (r, x) in ag.iter_mut().zip(&vr) {
+                    *r = _mm512_fmadd_ps(vp, *x, *r);
+                }
+            }
+        }
+        for (g, ag) in a.iter().enumerate() {
+            for (i, r) in ag.iter().enumerate() {
+                _mm512_storeu_ps(acc.as_mut_ptr().add(16 * (g * V + i)), *r);
+            }
+        }
+    }
+}
+
 impl F32Simd for Avx512 {
     #[inline(always)]
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -747,6 +874,50 @@ impl F32Simd for Avx512 {
         }
     }
 
+    fn heads_f16(hd: usize, group: usize) -> bool {
+        hd == 64 && (group == 2 || group == 3)
+    }
+    #[inline(always)]
+    unsafe fn scores_heads_f16(
+        q: &[f32],
+        hd: usize,
+        keys: &[&[u8]],
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        debug_assert!(keys.iter().all(|k| k.len() == 2 * hd));
+        // SAFETY: for 64 values a key row holds the 128 bytes the group kernels read (this
+        // method's contract), and they check `q` and `s` themselves; any other shape goes
+        // through the trait's default, as `heads_f16` says. AVX-512 F and F16C are enabled by
+        // the caller.
+        unsafe {
+            match (hd, q.len() / hd.max(1)) {
+                (64, 2) => scores_heads512_f16::<4, 2>(q, keys, scale, s, stride),
+                (64, 3) => scores_heads512_f16::<4, 3>(q, keys, scale, s, stride),
+                _ => crate::simd::scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn weighted_sum_heads_f16(
+        acc: &mut [f32],
+        hd: usize,
+        p: &[f32],
+        stride: usize,
+        vals: &[&[u8]],
+    ) {
+        debug_assert!(vals.iter().all(|v| v.len() == 2 * hd));
+        // SAFETY: as in `scores_heads_f16`, for the value rows; the group kernels check `acc`
+        // and `p` themselves.
+        unsafe {
+            match (hd, acc.len() / hd.max(1)) {
+                (64, 2) => weighted_sum_heads512_f16::<4, 2>(acc, p, stride, vals),
+                (64, 3) => weighted_sum_heads512_f16::<4, 3>(acc, p, stride, vals),
+                _ => crate::simd::weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals),
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn weighted_sum_heads(
         acc: &mut [f32],
