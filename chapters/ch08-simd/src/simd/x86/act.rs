@@ -512,8 +512,41 @@ unsafe fn weighted_sum_regs512<const V: usize>(acc: &mut [f32], p: &[f32], vals:
     }
 }
 
+/// A key or value row as the group kernels read it, sixteen floats at a time: f32 rows as they
+/// are, f16 rows converted as they are loaded (`vcvtph2ps`, exact), so that one kernel serves
+/// both with the same arithmetic.
+trait Lanes16 {
+    /// Values `16·i..16·i + 16` of the row.
+    ///
+    /// # Safety
+    /// The row holds them; AVX-512 F (and F16C, which every caller enables with it) are enabled.
+    unsafe fn lanes16(&self, i: usize) -> __m512;
+}
+
+impl Lanes16 for &[f32] {
+    #[inline(always)]
+    unsafe fn lanes16(&self, i: usize) -> __m512 {
+        // SAFETY: the caller's contract: floats `16i..16i + 16` are in the row.
+        unsafe { _mm512_loadu_ps(self.as_ptr().add(16 * i)) }
+    }
+}
+
+impl Lanes16 for &[u8] {
+    #[inline(always)]
+    unsafe fn lanes16(&self, i: usize) -> __m512 {
+        // SAFETY: the caller's contract: halves `16i..16i + 16`, bytes `32i..32i + 32`, are in
+        // the row.
+        unsafe {
+            _mm512_cvtph_ps(_mm256_loadu_si256(
+                self.as_ptr().add(32 * i) as *const __m256i
+            ))
+        }
+    }
+}
+
 /// [`scores_regs512`] for the `G` query vectors of `q` (side by side, `16·V` floats each)
-/// against the same keys: each key's `V` registers are loaded once and used by every query.
+/// against the same keys, f32 or f16 rows ([`Lanes16`]): each key's `V` registers are loaded
+/// once and used by every query.
 /// Query `g`'s scores go to `s[g·stride..]`, the bits `scores_regs512` gives it alone (the
 /// same multiply-adds and sums, in the same order).
 ///
@@ -521,15 +554,15 @@ unsafe fn weighted_sum_regs512<const V: usize>(acc: &mut [f32], p: &[f32], vals:
 /// As for [`scores_regs512`]; `q` holds `G·16·V` floats and `s` at least
 /// `(G - 1)·stride + keys.len()`.
 #[inline(always)]
-unsafe fn scores_heads512<const V: usize, const G: usize>(
+unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
     q: &[f32],
-    keys: &[&[f32]],
+    keys: &[K],
     scale: f32,
     s: &mut [f32],
     stride: usize,
 ) {
     assert!(q.len() >= G * 16 * V && s.len() >= (G - 1) * stride + keys.len());
-    // SAFETY: the loads read `16·V` floats of every key row (the caller's contract) and of each
+    // SAFETY: the loads read `16·V` values of every key row (the caller's contract) and of each
     // query (asserted above); every store is at `g·stride + j` with `j + 4 <= keys.len()` or
     // `j < keys.len()`, inside `s` (asserted). AVX-512 F, AVX2 and FMA are enabled by the caller.
     unsafe {
@@ -549,16 +582,11 @@ unsafe fn scores_heads512<const V: usize, const G: usize>(
         let out = s.as_mut_ptr();
         let mut j = 0;
         while j + 4 <= keys.len() {
-            let k = [
-                keys[j].as_ptr(),
-                keys[j + 1].as_ptr(),
-                keys[j + 2].as_ptr(),
-                keys[j + 3].as_ptr(),
-            ];
+            let k = [&keys[j], &keys[j + 1], &keys[j + 2], &keys[j + 3]];
             let mut acc = [[_mm512_setzero_ps(); 4]; G];
             for i in 0..V {
                 for (kk, kp) in k.iter().enumerate() {
-                    let kv = _mm512_loadu_ps(kp.add(16 * i));
+                    let kv = kp.lanes16(i);
                     for (a, qg) in acc.iter_mut().zip(&qr) {
                         a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
                     }
@@ -577,7 +605,7 @@ unsafe fn scores_heads512<const V: usize, const G: usize>(
             for (g, qg) in qr.iter().enumerate() {
                 let mut acc = _mm512_setzero_ps();
                 for (i, q) in qg.iter().enumerate() {
-                    acc = _mm512_fmadd_ps(*q, _mm512_loadu_ps(keys[j].as_ptr().add(16 * i)), acc);
+                    acc = _mm512_fmadd_ps(*q, keys[j].lanes16(i), acc);
                 }
                 *out.add(g * stride + j) = _mm512_reduce_add_ps(acc) * scale;
             }
@@ -587,24 +615,24 @@ unsafe fn scores_heads512<const V: usize, const G: usize>(
 }
 
 /// [`weighted_sum_regs512`] for the `G` accumulators of `acc` (side by side, `16·V` floats
-/// each) over the same value rows: each row's `V` registers are loaded once and used by every
-/// accumulator. Accumulator `g` takes the weights `p[g·stride..]` and gets the bits
+/// each) over the same value rows, f32 or f16 ([`Lanes16`]): each row's `V` registers are
+/// loaded once and used by every accumulator. Accumulator `g` takes the weights `p[g·stride..]` and gets the bits
 /// `weighted_sum_regs512` gives it alone.
 ///
 /// # Safety
 /// As for [`weighted_sum_regs512`]; `acc` holds `G·16·V` floats and `p` at least
 /// `(G - 1)·stride + vals.len()`.
 #[inline(always)]
-unsafe fn weighted_sum_heads512<const V: usize, const G: usize>(
+unsafe fn weighted_sum_heads512<const V: usize, const G: usize, R: Lanes16>(
     acc: &mut [f32],
     p: &[f32],
     stride: usize,
-    vals: &[&[f32]],
+    vals: &[R],
 ) {
     assert!(acc.len() >= G * 16 * V && p.len() >= (G - 1) * stride + vals.len());
     // SAFETY: the loads and stores of `acc` stay inside its `G·16·V` floats (asserted), the
     // weight at `g·stride + j` with `j < vals.len()` inside `p` (asserted), and the loads of
-    // each value row read `16·V` floats (the caller's contract). AVX-512 F is enabled by the
+    // each value row read `16·V` values (the caller's contract). AVX-512 F is enabled by the
     // caller.
     unsafe {
         let mut a = [[_mm512_setzero_ps(); V]; G];
@@ -616,134 +644,7 @@ unsafe fn weighted_sum_heads512<const V: usize, const G: usize>(
         for (j, v) in vals.iter().enumerate() {
             let mut vr = [_mm512_setzero_ps(); V];
             for (i, r) in vr.iter_mut().enumerate() {
-                *r = _mm512_loadu_ps(v.as_ptr().add(16 * i));
-            }
-            for (g, ag) in a.iter_mut().enumerate() {
-                let vp = _mm512_set1_ps(*p.get_unchecked(g * stride + j));
-                for (r, x) in ag.iter_mut().zip(&vr) {
-                    *r = _mm512_fmadd_ps(vp, *x, *r);
-                }
-            }
-        }
-        for (g, ag) in a.iter().enumerate() {
-            for (i, r) in ag.iter().enumerate() {
-                _mm512_storeu_ps(acc.as_mut_ptr().add(16 * (g * V + i)), *r);
-            }
-        }
-    }
-}
-
-/// [`scores_regs512`] for the `G` query vectors of `q` (side by side, `16·V` floats each)
-/// against the same keys: each key's `V` registers are loaded once and used by every query.
-/// Query `g`'s scores go to `s[g·stride..]`, the bits `scores_regs512` gives it alone (the
-/// same multiply-adds and sums, in the same order).
-///
-/// # Safety
-/// As for [`scores_regs512`]; `q` holds `G·16·V` floats and `s` at least
-/// `(G - 1)·stride + keys.len()`.
-#[inline(always)]
-unsafe fn scores_heads512_f16<const V: usize, const G: usize>(
-    q: &[f32],
-    keys: &[&[u8]],
-    scale: f32,
-    s: &mut [f32],
-    stride: usize,
-) {
-    assert!(q.len() >= G * 16 * V && s.len() >= (G - 1) * stride + keys.len());
-    // SAFETY: the loads read `16·V` floats of every key row (the caller's contract) and of each
-    // query (asserted above); every store is at `g·stride + j` with `j + 4 <= keys.len()` or
-    // `j < keys.len()`, inside `s` (asserted). AVX-512 F, AVX2 and FMA are enabled by the caller.
-    unsafe {
-        let mut qr = [[_mm512_setzero_ps(); V]; G];
-        for (g, qg) in qr.iter_mut().enumerate() {
-            for (i, r) in qg.iter_mut().enumerate() {
-                *r = _mm512_loadu_ps(q.as_ptr().add(16 * (g * V + i)));
-            }
-        }
-        let half = |v: __m512| {
-            _mm256_add_ps(
-                _mm512_castps512_ps256(v),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
-            )
-        };
-        let vs = _mm_set1_ps(scale);
-        let out = s.as_mut_ptr();
-        let mut j = 0;
-        while j + 4 <= keys.len() {
-            let k = [
-                keys[j].as_ptr(),
-                keys[j + 1].as_ptr(),
-                keys[j + 2].as_ptr(),
-                keys[j + 3].as_ptr(),
-            ];
-            let mut acc = [[_mm512_setzero_ps(); 4]; G];
-            for i in 0..V {
-                for (kk, kp) in k.iter().enumerate() {
-                    let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(32 * i) as *const __m256i));
-                    for (a, qg) in acc.iter_mut().zip(&qr) {
-                        a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
-                    }
-                }
-            }
-            for (g, a) in acc.iter().enumerate() {
-                let h01 = _mm256_hadd_ps(half(a[0]), half(a[1]));
-                let h23 = _mm256_hadd_ps(half(a[2]), half(a[3]));
-                let h = _mm256_hadd_ps(h01, h23);
-                let sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-                _mm_storeu_ps(out.add(g * stride + j), _mm_mul_ps(sum, vs));
-            }
-            j += 4;
-        }
-        while j < keys.len() {
-            for (g, qg) in qr.iter().enumerate() {
-                let mut acc = _mm512_setzero_ps();
-                for (i, q) in qg.iter().enumerate() {
-                    acc = _mm512_fmadd_ps(
-                        *q,
-                        _mm512_cvtph_ps(_mm256_loadu_si256(
-                            keys[j].as_ptr().add(32 * i) as *const __m256i
-                        )),
-                        acc,
-                    );
-                }
-                *out.add(g * stride + j) = _mm512_reduce_add_ps(acc) * scale;
-            }
-            j += 1;
-        }
-    }
-}
-
-/// [`weighted_sum_regs512`] for the `G` accumulators of `acc` (side by side, `16·V` floats
-/// each) over the same value rows: each row's `V` registers are loaded once and used by every
-/// accumulator. Accumulator `g` takes the weights `p[g·stride..]` and gets the bits
-/// `weighted_sum_regs512` gives it alone.
-///
-/// # Safety
-/// As for [`weighted_sum_regs512`]; `acc` holds `G·16·V` floats and `p` at least
-/// `(G - 1)·stride + vals.len()`.
-#[inline(always)]
-unsafe fn weighted_sum_heads512_f16<const V: usize, const G: usize>(
-    acc: &mut [f32],
-    p: &[f32],
-    stride: usize,
-    vals: &[&[u8]],
-) {
-    assert!(acc.len() >= G * 16 * V && p.len() >= (G - 1) * stride + vals.len());
-    // SAFETY: the loads and stores of `acc` stay inside its `G·16·V` floats (asserted), the
-    // weight at `g·stride + j` with `j < vals.len()` inside `p` (asserted), and the loads of
-    // each value row read `16·V` floats (the caller's contract). AVX-512 F is enabled by the
-    // caller.
-    unsafe {
-        let mut a = [[_mm512_setzero_ps(); V]; G];
-        for (g, ag) in a.iter_mut().enumerate() {
-            for (i, r) in ag.iter_mut().enumerate() {
-                *r = _mm512_loadu_ps(acc.as_ptr().add(16 * (g * V + i)));
-            }
-        }
-        for (j, v) in vals.iter().enumerate() {
-            let mut vr = [_mm512_setzero_ps(); V];
-            for (i, r) in vr.iter_mut().enumerate() {
-                *r = _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(32 * i) as *const __m256i));
+                *r = v.lanes16(i);
             }
             for (g, ag) in a.iter_mut().enumerate() {
                 let vp = _mm512_set1_ps(*p.get_unchecked(g * stride + j));
@@ -863,8 +764,8 @@ impl F32Simd for Avx512 {
         // caller.
         unsafe {
             match (hd, q.len() / hd.max(1)) {
-                (64, 2) => scores_heads512::<4, 2>(q, keys, scale, s, stride),
-                (64, 3) => scores_heads512::<4, 3>(q, keys, scale, s, stride),
+                (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
+                (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
                 _ => {
                     for (i, q) in q.chunks_exact(hd).enumerate() {
                         Self::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]);
@@ -893,8 +794,8 @@ impl F32Simd for Avx512 {
         // the caller.
         unsafe {
             match (hd, q.len() / hd.max(1)) {
-                (64, 2) => scores_heads512_f16::<4, 2>(q, keys, scale, s, stride),
-                (64, 3) => scores_heads512_f16::<4, 3>(q, keys, scale, s, stride),
+                (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
+                (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
                 _ => crate::simd::scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride),
             }
         }
@@ -912,8 +813,8 @@ impl F32Simd for Avx512 {
         // and `p` themselves.
         unsafe {
             match (hd, acc.len() / hd.max(1)) {
-                (64, 2) => weighted_sum_heads512_f16::<4, 2>(acc, p, stride, vals),
-                (64, 3) => weighted_sum_heads512_f16::<4, 3>(acc, p, stride, vals),
+                (64, 2) => weighted_sum_heads512::<4, 2, _>(acc, p, stride, vals),
+                (64, 3) => weighted_sum_heads512::<4, 3, _>(acc, p, stride, vals),
                 _ => crate::simd::weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals),
             }
         }
@@ -931,8 +832,8 @@ impl F32Simd for Avx512 {
         // `p` themselves.
         unsafe {
             match (hd, acc.len() / hd.max(1)) {
-                (64, 2) => weighted_sum_heads512::<4, 2>(acc, p, stride, vals),
-                (64, 3) => weighted_sum_heads512::<4, 3>(acc, p, stride, vals),
+                (64, 2) => weighted_sum_heads512::<4, 2, _>(acc, p, stride, vals),
+                (64, 3) => weighted_sum_heads512::<4, 3, _>(acc, p, stride, vals),
                 _ => {
                     for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
                         let p = &p[i * stride..i * stride + vals.len()];
