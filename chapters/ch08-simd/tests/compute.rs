@@ -209,7 +209,7 @@ mod avx2 {
             }
             // `group` query heads against the same keys and values, scores `STRIDE` apart: the
             // group calls (which load each row once for all heads where a kernel exists, for
-            // 64-value heads in twos and threes) against one call per head.
+            // 64-value heads in threes, 128-value ones in twos) against one call per head.
             const STRIDE: usize = 80;
             let q = noise(group * hd, seed); // (group, hd)
             let kv = noise(nk * hd, seed ^ 7); // (nk, hd)

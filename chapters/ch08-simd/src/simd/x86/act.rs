@@ -661,6 +661,84 @@ unsafe fn weighted_sum_heads512<const V: usize, const G: usize, R: Lanes16>(
     }
 }
 
+/// [`scores_heads512`] over any number of heads of 64 or 128 values: in threes (64: twelve
+/// query registers) or twos (128: sixteen), the rest in one smaller call. `false`, having done
+/// nothing, for any other head size.
+///
+/// # Safety
+/// As for [`scores_heads512`], with `hd`-value rows.
+#[inline(always)]
+unsafe fn scores_heads_any<K: Lanes16>(
+    q: &[f32],
+    hd: usize,
+    keys: &[K],
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) -> bool {
+    let most = match hd {
+        64 => 3,
+        128 => 2,
+        _ => return false,
+    };
+    let g = q.len() / hd;
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(most);
+        let (q, s) = (&q[h * hd..(h + n) * hd], &mut s[h * stride..]);
+        // SAFETY: the caller's contract; the kernels check `q` and `s` themselves.
+        unsafe {
+            match (hd, n) {
+                (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
+                (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
+                (64, _) => scores_heads512::<4, 1, _>(q, keys, scale, s, stride),
+                (_, 2) => scores_heads512::<8, 2, _>(q, keys, scale, s, stride),
+                _ => scores_heads512::<8, 1, _>(q, keys, scale, s, stride),
+            }
+        }
+        h += n;
+    }
+    true
+}
+
+/// [`weighted_sum_heads512`] over any number of heads of 64 or 128 values, grouped as
+/// [`scores_heads_any`] groups them; `false`, having done nothing, for any other head size.
+///
+/// # Safety
+/// As for [`weighted_sum_heads512`], with `hd`-value rows.
+#[inline(always)]
+unsafe fn weighted_sum_heads_any<R: Lanes16>(
+    acc: &mut [f32],
+    hd: usize,
+    p: &[f32],
+    stride: usize,
+    vals: &[R],
+) -> bool {
+    let most = match hd {
+        64 => 3,
+        128 => 2,
+        _ => return false,
+    };
+    let g = acc.len() / hd;
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(most);
+        let (a, p) = (&mut acc[h * hd..(h + n) * hd], &p[h * stride..]);
+        // SAFETY: the caller's contract; the kernels check `a` and `p` themselves.
+        unsafe {
+            match (hd, n) {
+                (64, 3) => weighted_sum_heads512::<4, 3, _>(a, p, stride, vals),
+                (64, 2) => weighted_sum_heads512::<4, 2, _>(a, p, stride, vals),
+                (64, _) => weighted_sum_heads512::<4, 1, _>(a, p, stride, vals),
+                (_, 2) => weighted_sum_heads512::<8, 2, _>(a, p, stride, vals),
+                _ => weighted_sum_heads512::<8, 1, _>(a, p, stride, vals),
+            }
+        }
+        h += n;
+    }
+    true
+}
+
 impl F32Simd for Avx512 {
     #[inline(always)]
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -758,25 +836,21 @@ impl F32Simd for Avx512 {
         stride: usize,
     ) {
         debug_assert!(keys.iter().all(|k| k.len() == hd));
-        // SAFETY: for 64 values a key row holds the `16·4` floats the group kernels read
+        // SAFETY: for 64 and 128 values a key row holds the `16·V` floats the group kernels read
         // (`scores_heads`' contract), and they check `q` and `s` themselves; otherwise each
         // query goes through `scores`, as the trait's default does. AVX-512 F is enabled by the
         // caller.
         unsafe {
-            match (hd, q.len() / hd.max(1)) {
-                (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
-                (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
-                _ => {
-                    for (i, q) in q.chunks_exact(hd).enumerate() {
-                        Self::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]);
-                    }
+            if !scores_heads_any(q, hd, keys, scale, s, stride) {
+                for (i, q) in q.chunks_exact(hd).enumerate() {
+                    Self::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]);
                 }
             }
         }
     }
 
-    fn heads_f16(hd: usize, group: usize) -> bool {
-        hd == 64 && (group == 2 || group == 3)
+    fn heads_f16(hd: usize, _group: usize) -> bool {
+        hd == 64 || hd == 128
     }
     #[inline(always)]
     unsafe fn scores_heads_f16(
@@ -788,15 +862,13 @@ impl F32Simd for Avx512 {
         stride: usize,
     ) {
         debug_assert!(keys.iter().all(|k| k.len() == 2 * hd));
-        // SAFETY: for 64 values a key row holds the 128 bytes the group kernels read (this
-        // method's contract), and they check `q` and `s` themselves; any other shape goes
-        // through the trait's default, as `heads_f16` says. AVX-512 F and F16C are enabled by
-        // the caller.
+        // SAFETY: for 64 and 128 values a key row holds the `32·V` bytes the group kernels read
+        // (this method's contract), and they check `q` and `s` themselves; any other shape goes
+        // a row at a time, as the trait's default does. AVX-512 F and F16C are enabled by the
+        // caller.
         unsafe {
-            match (hd, q.len() / hd.max(1)) {
-                (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
-                (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
-                _ => crate::simd::scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride),
+            if !scores_heads_any(q, hd, keys, scale, s, stride) {
+                crate::simd::scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride);
             }
         }
     }
@@ -812,10 +884,8 @@ impl F32Simd for Avx512 {
         // SAFETY: as in `scores_heads_f16`, for the value rows; the group kernels check `acc`
         // and `p` themselves.
         unsafe {
-            match (hd, acc.len() / hd.max(1)) {
-                (64, 2) => weighted_sum_heads512::<4, 2, _>(acc, p, stride, vals),
-                (64, 3) => weighted_sum_heads512::<4, 3, _>(acc, p, stride, vals),
-                _ => crate::simd::weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals),
+            if !weighted_sum_heads_any(acc, hd, p, stride, vals) {
+                crate::simd::weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals);
             }
         }
     }
@@ -831,14 +901,10 @@ impl F32Simd for Avx512 {
         // SAFETY: as in `scores_heads`, for the value rows; the group kernels check `acc` and
         // `p` themselves.
         unsafe {
-            match (hd, acc.len() / hd.max(1)) {
-                (64, 2) => weighted_sum_heads512::<4, 2, _>(acc, p, stride, vals),
-                (64, 3) => weighted_sum_heads512::<4, 3, _>(acc, p, stride, vals),
-                _ => {
-                    for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
-                        let p = &p[i * stride..i * stride + vals.len()];
-                        Self::weighted_sum(a, p, vals);
-                    }
+            if !weighted_sum_heads_any(acc, hd, p, stride, vals) {
+                for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
+                    let p = &p[i * stride..i * stride + vals.len()];
+                    Self::weighted_sum(a, p, vals);
                 }
             }
         }
