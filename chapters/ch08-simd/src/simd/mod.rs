@@ -104,12 +104,12 @@ pub trait F32Simd {
         scale: f32,
         s: &mut [f32],
         stride: usize,
-    ) {
-        for (i, q) in q.chunks_exact(hd).enumerate() {
-            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives key rows of
-            // `hd` values (this method's contract), which is all `scores` needs.
-            unsafe { Self::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]) };
-        }
+    ) where
+        Self: Sized,
+    {
+        // SAFETY: forwarded: the caller enables `Self`'s instructions and gives key rows of
+        // `hd` values (this method's contract), which is all `scores` needs.
+        unsafe { scores_heads_rows::<Self>(q, hd, keys, scale, s, stride) }
     }
     /// [`F32Simd::weighted_sum`] of several accumulators over the same value rows: `acc` holds
     /// them side by side, `hd` values each, and accumulator `i` takes the weights
@@ -122,12 +122,12 @@ pub trait F32Simd {
         p: &[f32],
         stride: usize,
         vals: &[&[f32]],
-    ) {
-        for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
-            // SAFETY: forwarded: the caller enables `Self`'s instructions and gives value rows of
-            // `hd` values (this method's contract), which is all `weighted_sum` needs.
-            unsafe { Self::weighted_sum(a, &p[i * stride..i * stride + vals.len()], vals) };
-        }
+    ) where
+        Self: Sized,
+    {
+        // SAFETY: forwarded: the caller enables `Self`'s instructions and gives value rows of
+        // `hd` values (this method's contract), which is all `weighted_sum` needs.
+        unsafe { weighted_sum_heads_rows::<Self>(acc, hd, p, stride, vals) }
     }
     // ANCHOR_END: f32simd_heads
     /// Whether [`F32Simd::scores_heads_f16`] and [`F32Simd::weighted_sum_heads_f16`] are kernels
@@ -171,6 +171,43 @@ pub trait F32Simd {
     {
         // SAFETY: forwarded: the caller enables `Self`'s instructions.
         unsafe { weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals) }
+    }
+}
+
+/// [`F32Simd::scores_heads`] a head at a time: one `scores` call per query.
+///
+/// # Safety
+/// `S`'s instructions are available; every key row holds `hd` values.
+#[inline(always)]
+pub unsafe fn scores_heads_rows<S: F32Simd>(
+    q: &[f32],
+    hd: usize,
+    keys: &[&[f32]],
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    for (i, q) in q.chunks_exact(hd).enumerate() {
+        // SAFETY: the caller's contract is all `scores` needs.
+        unsafe { S::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]) };
+    }
+}
+
+/// [`F32Simd::weighted_sum_heads`] a head at a time: one `weighted_sum` call per accumulator.
+///
+/// # Safety
+/// `S`'s instructions are available; every value row holds `hd` values.
+#[inline(always)]
+pub unsafe fn weighted_sum_heads_rows<S: F32Simd>(
+    acc: &mut [f32],
+    hd: usize,
+    p: &[f32],
+    stride: usize,
+    vals: &[&[f32]],
+) {
+    for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
+        // SAFETY: the caller's contract is all `weighted_sum` needs.
+        unsafe { S::weighted_sum(a, &p[i * stride..i * stride + vals.len()], vals) };
     }
 }
 

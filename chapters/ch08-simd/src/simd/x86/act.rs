@@ -661,6 +661,19 @@ unsafe fn weighted_sum_heads512<const V: usize, const G: usize, R: Lanes16>(
     }
 }
 
+/// The heads `0..g` of `hd` values in the runs the group kernels take: threes of 64 values
+/// (twelve query registers), twos of 128 (sixteen), the rest one run shorter; `None` for any
+/// other head size.
+#[inline(always)]
+fn head_runs(hd: usize, g: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
+    let most = match hd {
+        64 => 3,
+        128 => 2,
+        _ => return None,
+    };
+    Some((0..g).step_by(most).map(move |h| h..(h + most).min(g)))
+}
+
 /// [`scores_heads512`] over any number of heads of 64 or 128 values: in threes (64: twelve
 /// query registers) or twos (128: sixteen), the rest in one smaller call. `false`, having done
 /// nothing, for any other head size.
@@ -676,19 +689,14 @@ unsafe fn scores_heads_any<K: Lanes16>(
     s: &mut [f32],
     stride: usize,
 ) -> bool {
-    let most = match hd {
-        64 => 3,
-        128 => 2,
-        _ => return false,
+    let Some(runs) = head_runs(hd, q.len() / hd) else {
+        return false;
     };
-    let g = q.len() / hd;
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(most);
-        let (q, s) = (&q[h * hd..(h + n) * hd], &mut s[h * stride..]);
+    for h in runs {
+        let (q, s) = (&q[h.start * hd..h.end * hd], &mut s[h.start * stride..]);
         // SAFETY: the caller's contract; the kernels check `q` and `s` themselves.
         unsafe {
-            match (hd, n) {
+            match (hd, h.len()) {
                 (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
                 (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
                 (64, _) => scores_heads512::<4, 1, _>(q, keys, scale, s, stride),
@@ -696,7 +704,6 @@ unsafe fn scores_heads_any<K: Lanes16>(
                 _ => scores_heads512::<8, 1, _>(q, keys, scale, s, stride),
             }
         }
-        h += n;
     }
     true
 }
@@ -714,19 +721,14 @@ unsafe fn weighted_sum_heads_any<R: Lanes16>(
     stride: usize,
     vals: &[R],
 ) -> bool {
-    let most = match hd {
-        64 => 3,
-        128 => 2,
-        _ => return false,
+    let Some(runs) = head_runs(hd, acc.len() / hd) else {
+        return false;
     };
-    let g = acc.len() / hd;
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(most);
-        let (a, p) = (&mut acc[h * hd..(h + n) * hd], &p[h * stride..]);
+    for h in runs {
+        let (a, p) = (&mut acc[h.start * hd..h.end * hd], &p[h.start * stride..]);
         // SAFETY: the caller's contract; the kernels check `a` and `p` themselves.
         unsafe {
-            match (hd, n) {
+            match (hd, h.len()) {
                 (64, 3) => weighted_sum_heads512::<4, 3, _>(a, p, stride, vals),
                 (64, 2) => weighted_sum_heads512::<4, 2, _>(a, p, stride, vals),
                 (64, _) => weighted_sum_heads512::<4, 1, _>(a, p, stride, vals),
@@ -734,7 +736,6 @@ unsafe fn weighted_sum_heads_any<R: Lanes16>(
                 _ => weighted_sum_heads512::<8, 1, _>(a, p, stride, vals),
             }
         }
-        h += n;
     }
     true
 }
@@ -842,9 +843,7 @@ impl F32Simd for Avx512 {
         // caller.
         unsafe {
             if !scores_heads_any(q, hd, keys, scale, s, stride) {
-                for (i, q) in q.chunks_exact(hd).enumerate() {
-                    Self::scores(q, keys, scale, &mut s[i * stride..i * stride + keys.len()]);
-                }
+                crate::simd::scores_heads_rows::<Self>(q, hd, keys, scale, s, stride);
             }
         }
     }
@@ -902,10 +901,7 @@ impl F32Simd for Avx512 {
         // `p` themselves.
         unsafe {
             if !weighted_sum_heads_any(acc, hd, p, stride, vals) {
-                for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
-                    let p = &p[i * stride..i * stride + vals.len()];
-                    Self::weighted_sum(a, p, vals);
-                }
+                crate::simd::weighted_sum_heads_rows::<Self>(acc, hd, p, stride, vals);
             }
         }
     }
