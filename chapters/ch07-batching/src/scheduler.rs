@@ -769,7 +769,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     // ANCHOR: make_room
     /// Find blocks for up to `want` tokens of `seqs[i]` on top of what `plan` already takes:
     /// evict unused prefix-cache blocks, else shorten the chunk, else preempt the newest running
-    /// request newer than `i`. `None` when not even one token fits.
+    /// request newer than `i`, else forget the prefix cache if it holds a block nobody uses.
+    /// `None` when not even one token fits.
     fn make_room(
         &mut self,
         i: usize,
@@ -807,7 +808,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                     blocks: self.blocks_for(i, n),
                 });
             }
-            let j = self.newest_running_after(i)?;
+            let Some(j) = self.newest_running_after(i) else {
+                // Nobody newer to preempt. Eviction takes leaves, so a block only the tree
+                // holds can still sit above blocks a running sequence uses (two requests with
+                // the same beginning, admitted in one step, computed it twice, and the second
+                // hung its later blocks below the first's). Such a block is freed only by
+                // forgetting the cache; with a pool this short of blocks, that is the price.
+                let alloc = &self.kv.allocator;
+                if self.prefix.blocks().any(|b| alloc.ref_count(b) == 1) {
+                    self.prefix.clear(&mut self.kv.allocator);
+                    continue;
+                }
+                return None;
+            };
             self.preempt(j, plan, budget, report);
         }
     }
