@@ -700,9 +700,20 @@ mod table {
             ),
         ];
 
-        /// The x86 activation quantizers (the AVX-512 sets use AVX2's: quantizing one row
-        /// per matrix-vector product is not where the time goes).
+        /// The x86 activation quantizers. The AVX-512 sets have their own for Q8_0 and Q8_1:
+        /// a prompt's or a batch's rows are quantized before every product, several per cent
+        /// of a prefill with AVX2's. Q8_K (the k-quants' activations) stays AVX2's.
         pub(in super::super) static QUANTIZERS: &[QuantizeKernel] = &[
+            QuantizeKernel {
+                isa: Isa::Avx512,
+                ty: GgmlType::Q8_0,
+                quantize: quantize!(avx512::quantize_row_q8_0, BlockQ8_0),
+            },
+            QuantizeKernel {
+                isa: Isa::Avx512,
+                ty: GgmlType::Q8_1,
+                quantize: quantize!(avx512::quantize_row_q8_1, BlockQ8_1),
+            },
             QuantizeKernel {
                 isa: Isa::Avx2,
                 ty: GgmlType::Q8_0,

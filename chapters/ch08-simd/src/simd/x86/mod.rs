@@ -142,6 +142,12 @@ pub mod avx512 {
             wide::vec_dot_q6_K_q8_K(x, y);
         /// F32 · F32 with 64-byte registers.
         fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 = wide::vec_dot_f32(n, x, y);
+        /// `quantize_row_q8_0`, byte for byte, sixteen floats per register.
+        fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) =
+            quantize::quantize_row_q8_0_512(x, y);
+        /// `quantize_row_q8_1`, byte for byte, sixteen floats per register.
+        fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) =
+            quantize::quantize_row_q8_1_512(x, y);
     }
 }
 

@@ -1,4 +1,5 @@
-//! The activation quantizers Q8_0, Q8_1 and Q8_K with AVX2, giving chapter 6's bytes exactly.
+//! The activation quantizers Q8_0, Q8_1 and Q8_K with AVX2, and Q8_0 and Q8_1 with AVX-512,
+//! giving chapter 6's bytes exactly.
 //!
 //! Exactness comes from doing the same float operations in the same order: the same `amax`
 //! (a maximum is exact in any order), the same divisions for the scale, the same product per
@@ -13,7 +14,8 @@
 //! saturate.
 //!
 //! # Safety
-//! Every function needs AVX2, FMA and F16C enabled by the caller.
+//! Every function needs AVX2, FMA and F16C enabled by the caller; those named `…512` also
+//! AVX-512 F.
 
 use super::super::first_with_abs;
 use super::*;
@@ -119,6 +121,97 @@ pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
             y.d = to_fp16(d);
             y.s = to_fp16(sum as f32 * d);
             _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), pack_i8(q));
+        }
+    }
+}
+
+/// [`round_away`] on 16 lanes: the same operations, with mask registers where AVX2 blends.
+#[inline(always)]
+unsafe fn round_away512(v: __m512) -> __m512i {
+    // SAFETY: AVX-512 F on registers only, which the caller enables.
+    unsafe {
+        let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+        let frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
+        // ±1 with `v`'s sign, by integer operations (AVX-512 F has no float `and`).
+        let sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN));
+        let one = _mm512_or_si512(_mm512_castps_si512(_mm512_set1_ps(1.0)), sign);
+        let r = _mm512_mask_add_ps(t, up, t, _mm512_castsi512_ps(one));
+        let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), r);
+        let r = _mm512_min_ps(
+            _mm512_max_ps(r, _mm512_set1_ps(-128.0)),
+            _mm512_set1_ps(127.0),
+        );
+        _mm512_cvtps_epi32(r)
+    }
+}
+
+/// [`q8_block`] with AVX-512: a block of 32 in two registers of sixteen.
+#[inline(always)]
+unsafe fn q8_block512(x: &[f32]) -> (f32, [__m512i; 2]) {
+    // SAFETY: each load reads a bounds-checked slice of 16 floats, and `vmovups` needs no
+    // alignment; the rest is AVX-512 F on registers, which the caller enables.
+    unsafe {
+        let v = [
+            _mm512_loadu_ps(x[..16].as_ptr()),
+            _mm512_loadu_ps(x[16..32].as_ptr()),
+        ];
+        // As `amax`: the running maximum second, so that a NaN lane never enters it, and the
+        // reduction meets no NaN (a maximum is exact in any order).
+        let zero = _mm512_setzero_ps();
+        let m = _mm512_max_ps(
+            _mm512_abs_ps(v[1]),
+            _mm512_max_ps(_mm512_abs_ps(v[0]), zero),
+        );
+        let d = _mm512_reduce_max_ps(m) / 127.0;
+        let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let q = [
+            round_away512(_mm512_mul_ps(v[0], id)),
+            round_away512(_mm512_mul_ps(v[1], id)),
+        ];
+        (d, q)
+    }
+}
+
+/// Two registers of sixteen 32-bit codes in `-128..=127` into a block's 32 bytes.
+#[inline(always)]
+unsafe fn store_i8_512(qs: &mut [i8; 32], q: [__m512i; 2]) {
+    // SAFETY: `vpmovdb` keeps each lane's low byte (exact: the codes fit), and the two stores
+    // write bytes 0..16 and 16..32 of the 32-byte array. AVX-512 F, which the caller enables.
+    unsafe {
+        _mm_storeu_si128(qs.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q[0]));
+        _mm_storeu_si128(qs.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(q[1]));
+    }
+}
+
+/// `quantize_row_q8_0` with AVX-512.
+#[inline(always)]
+pub(super) unsafe fn quantize_row_q8_0_512(x: &[f32], y: &mut [BlockQ8_0]) {
+    assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0: lengths");
+    // SAFETY: `q8_block512` gets a chunk of 32 floats, `store_i8_512` the block's 32 codes.
+    // AVX-512 F and F16C are enabled by the caller.
+    unsafe {
+        for (x, y) in x.chunks_exact(QK8_0).zip(y) {
+            let (d, q) = q8_block512(x);
+            y.d = to_fp16(d);
+            store_i8_512(&mut y.qs, q);
+        }
+    }
+}
+
+/// `quantize_row_q8_1` with AVX-512: Q8_0's codes and `s = d · Σ q` (an integer sum, exact in
+/// any order).
+#[inline(always)]
+pub(super) unsafe fn quantize_row_q8_1_512(x: &[f32], y: &mut [BlockQ8_1]) {
+    assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1: lengths");
+    // SAFETY: as in `quantize_row_q8_0_512`.
+    unsafe {
+        for (x, y) in x.chunks_exact(QK8_1).zip(y) {
+            let (d, q) = q8_block512(x);
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+            y.d = to_fp16(d);
+            y.s = to_fp16(sum as f32 * d);
+            store_i8_512(&mut y.qs, q);
         }
     }
 }
