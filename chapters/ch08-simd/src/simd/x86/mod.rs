@@ -108,9 +108,11 @@ pub mod avx2 {
         /// BF16 · BF16 on little-endian bytes, `n` elements.
         fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 = float::vec_dot_bf16(n, x, y);
         /// `quantize_row_q8_0`, byte for byte.
-        fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) = quantize::quantize_row_q8_0(x, y);
+        fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) =
+            quantize::quantize_row_q8_0::<quantize::Ymm>(x, y);
         /// `quantize_row_q8_1`, byte for byte.
-        fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) = quantize::quantize_row_q8_1(x, y);
+        fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) =
+            quantize::quantize_row_q8_1::<quantize::Ymm>(x, y);
         /// `quantize_row_q8_K`, byte for byte.
         fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) = quantize::quantize_row_q8_K(x, y);
     }
@@ -144,10 +146,10 @@ pub mod avx512 {
         fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 = wide::vec_dot_f32(n, x, y);
         /// `quantize_row_q8_0`, byte for byte, sixteen floats per register.
         fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) =
-            quantize::quantize_row_q8_0_512(x, y);
+            quantize::quantize_row_q8_0::<quantize::Zmm>(x, y);
         /// `quantize_row_q8_1`, byte for byte, sixteen floats per register.
         fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) =
-            quantize::quantize_row_q8_1_512(x, y);
+            quantize::quantize_row_q8_1::<quantize::Zmm>(x, y);
     }
 }
 

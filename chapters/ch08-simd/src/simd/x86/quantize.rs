@@ -14,8 +14,8 @@
 //! saturate.
 //!
 //! # Safety
-//! Every function needs AVX2, FMA and F16C enabled by the caller; those named `…512` also
-//! AVX-512 F.
+//! Every function needs AVX2, FMA and F16C enabled by the caller; those named `…512`, and
+//! the row loops given [`Zmm`], also AVX-512 F.
 
 use super::super::first_with_abs;
 use super::*;
@@ -91,36 +91,67 @@ unsafe fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
     }
 }
 
+/// One block of 32 floats as its scale and codes, with one register width: AVX2's eight floats
+/// ([`Ymm`]) or AVX-512's sixteen ([`Zmm`]). The row loops below are written once for both.
+pub(super) trait Q8Block {
+    /// The block's scale `d`, its 32 codes written to `qs`, and (only when `SUM`) `Σ q`, an
+    /// integer sum, exact in any order.
+    ///
+    /// # Safety
+    /// The caller enables the width's instructions; `x` holds 32 floats.
+    unsafe fn block<const SUM: bool>(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32);
+}
+
+/// AVX2: four registers of eight.
+pub(super) struct Ymm;
+/// AVX-512: two registers of sixteen (needs AVX-512 F besides AVX2).
+pub(super) struct Zmm;
+
+impl Q8Block for Ymm {
+    #[inline(always)]
+    unsafe fn block<const SUM: bool>(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+        // SAFETY: `q8_block` gets a chunk of 32 floats; the store writes the 32 bytes of `qs`.
+        // AVX2 is enabled by the caller.
+        unsafe {
+            let (d, q) = q8_block(x);
+            _mm256_storeu_si256(qs.as_mut_ptr().cast(), pack_i8(q));
+            let sum = if SUM {
+                hsum_i32(_mm256_add_epi32(
+                    _mm256_add_epi32(q[0], q[1]),
+                    _mm256_add_epi32(q[2], q[3]),
+                ))
+            } else {
+                0
+            };
+            (d, sum)
+        }
+    }
+}
+
 /// `quantize_row_q8_0`.
 #[inline(always)]
-pub(super) unsafe fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+pub(super) unsafe fn quantize_row_q8_0<B: Q8Block>(x: &[f32], y: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0: lengths");
-    // SAFETY: `q8_block` gets a chunk of 32 floats; the store writes the 32 bytes of the block's
-    // `qs`. F16C and AVX2 are enabled by the caller.
+    // SAFETY: `block` gets a chunk of 32 floats and the block's 32 codes; the caller enables
+    // `B`'s instructions and F16C.
     unsafe {
         for (x, y) in x.chunks_exact(QK8_0).zip(y) {
-            let (d, q) = q8_block(x);
+            let (d, _) = B::block::<false>(x, &mut y.qs);
             y.d = to_fp16(d);
-            _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), pack_i8(q));
         }
     }
 }
 
 /// `quantize_row_q8_1`: Q8_0's codes and `s = d · Σ q`.
 #[inline(always)]
-pub(super) unsafe fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+pub(super) unsafe fn quantize_row_q8_1<B: Q8Block>(x: &[f32], y: &mut [BlockQ8_1]) {
     assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1: lengths");
     // SAFETY: as in `quantize_row_q8_0`.
     unsafe {
         for (x, y) in x.chunks_exact(QK8_1).zip(y) {
-            let (d, q) = q8_block(x);
-            let sum = hsum_i32(_mm256_add_epi32(
-                _mm256_add_epi32(q[0], q[1]),
-                _mm256_add_epi32(q[2], q[3]),
-            ));
+            let (d, sum) = B::block::<true>(x, &mut y.qs);
             y.d = to_fp16(d);
             y.s = to_fp16(sum as f32 * d);
-            _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), pack_i8(q));
         }
     }
 }
@@ -184,34 +215,20 @@ unsafe fn store_i8_512(qs: &mut [i8; 32], q: [__m512i; 2]) {
     }
 }
 
-/// `quantize_row_q8_0` with AVX-512.
-#[inline(always)]
-pub(super) unsafe fn quantize_row_q8_0_512(x: &[f32], y: &mut [BlockQ8_0]) {
-    assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0: lengths");
-    // SAFETY: `q8_block512` gets a chunk of 32 floats, `store_i8_512` the block's 32 codes.
-    // AVX-512 F and F16C are enabled by the caller.
-    unsafe {
-        for (x, y) in x.chunks_exact(QK8_0).zip(y) {
+impl Q8Block for Zmm {
+    #[inline(always)]
+    unsafe fn block<const SUM: bool>(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+        // SAFETY: `q8_block512` gets a chunk of 32 floats, `store_i8_512` the block's 32 codes.
+        // AVX-512 F is enabled by the caller.
+        unsafe {
             let (d, q) = q8_block512(x);
-            y.d = to_fp16(d);
-            store_i8_512(&mut y.qs, q);
-        }
-    }
-}
-
-/// `quantize_row_q8_1` with AVX-512: Q8_0's codes and `s = d · Σ q` (an integer sum, exact in
-/// any order).
-#[inline(always)]
-pub(super) unsafe fn quantize_row_q8_1_512(x: &[f32], y: &mut [BlockQ8_1]) {
-    assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1: lengths");
-    // SAFETY: as in `quantize_row_q8_0_512`.
-    unsafe {
-        for (x, y) in x.chunks_exact(QK8_1).zip(y) {
-            let (d, q) = q8_block512(x);
-            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
-            y.d = to_fp16(d);
-            y.s = to_fp16(sum as f32 * d);
-            store_i8_512(&mut y.qs, q);
+            store_i8_512(qs, q);
+            let sum = if SUM {
+                _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]))
+            } else {
+                0
+            };
+            (d, sum)
         }
     }
 }
