@@ -777,6 +777,46 @@ impl PanelWriter {
             k.act_ty.name(),
             self.qk
         );
+        #[cfg(target_arch = "x86_64")]
+        if matches!(k.act_ty, GgmlType::Q8_0 | GgmlType::Q8_1) && vnni_available() {
+            // The blocks' own quantizer, writing each block's parts straight to its slots:
+            // block 0's is `at`, block b's `at + b·nt` (as below).
+            let (tile, i) = (t / TILE, t % TILE);
+            let nt = (self.n - tile * TILE).min(TILE);
+            let at = tile * TILE * self.nb + i;
+            // SAFETY: the CPU has AVX-512 (packed kernels need it, `vnni_available`). Slot
+            // `at + b·nt` of block b < nb is token t's (as below), inside the panels' `n · nb`
+            // blocks of `qk` (= 32, checked above) codes, `d`, `s` and one sum each, and only
+            // this thread writes token t.
+            unsafe {
+                crate::simd::x86::quantize_q8_panel(
+                    &x[..self.nb * QK],
+                    k.act_ty == GgmlType::Q8_1,
+                    self.qs.add(at * QK),
+                    self.d.add(at),
+                    self.s.add(at),
+                    self.sums.add(at),
+                    nt,
+                );
+            }
+            return;
+        }
+        // SAFETY: the caller's promises, forwarded.
+        unsafe { self.quantize_token_blocks(k, x, t, row) };
+    }
+
+    /// [`PanelWriter::quantize_token`] through the kernel set's own quantizer: the row as the
+    /// activation type's blocks, then each block's parts copied to its slots.
+    ///
+    /// # Safety
+    /// As for [`PanelWriter::quantize_token`].
+    unsafe fn quantize_token_blocks(
+        &self,
+        k: &TypeKernels,
+        x: &[f32],
+        t: usize,
+        row: &mut Vec<u8>,
+    ) {
         // Byte layouts of BlockQ8_0 (d, qs), BlockQ8_1 (d, s, qs) and BlockQ8_K (d: f32, qs,
         // bsums: i16).
         let (bs, qs_at) = match k.act_ty {
@@ -1326,6 +1366,61 @@ mod tests {
                 for t0 in (0..n).step_by(TILE) {
                     assert_eq!(acts.tile(t0).stride, (n - t0).min(TILE));
                 }
+            }
+        }
+    }
+
+    /// Quantizing a token straight into the panels gives the panels that quantizing it into
+    /// the activation type's blocks and copying their parts gives: every code, scale, `s` and
+    /// sum, for rows with zeros, ties, huge values, infinities and NaN, in any tile position.
+    #[test]
+    fn panels_written_directly_equal_panels_copied_from_blocks() {
+        let set = crate::kernels::KernelSet::detect();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1] {
+            let k = set.get(ty).unwrap();
+            let cols = 4 * QK;
+            for n in [1, 5, 8, 11] {
+                let rows: Vec<f32> = (0..n * cols)
+                    .map(|i| match (i / QK) % 8 {
+                        0 => 0.0,
+                        1 => (next() % 9) as f32 - 4.0 + 0.5, // halves: ties at every scale
+                        2 => f32::from_bits(next() as u32 & 0x7F7F_FFFF), // any finite value
+                        3 if i % 7 == 0 => f32::INFINITY,
+                        4 if i % 5 == 0 => f32::NAN,
+                        _ => (next() % 20_001) as f32 / 1000.0 - 10.0,
+                    })
+                    .collect();
+                let (mut direct, mut copied) = (ActPanels::new(), ActPanels::new());
+                let mut row = Vec::new();
+                for (p, via_blocks) in [(&mut direct, false), (&mut copied, true)] {
+                    p.resize(n, cols, QK);
+                    let w = p.writer();
+                    for t in 0..n {
+                        let xt = &rows[t * cols..(t + 1) * cols];
+                        // SAFETY: one thread, every token once, the panels just sized.
+                        unsafe {
+                            if via_blocks {
+                                w.quantize_token_blocks(&k, xt, t, &mut row);
+                            } else {
+                                w.quantize_token(&k, xt, t, &mut row);
+                            }
+                        }
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(direct.qs, copied.qs, "{ty:?}, {n} tokens: codes");
+                assert_eq!(bits(&direct.d), bits(&copied.d), "{ty:?}, {n} tokens: scales");
+                if k.act_ty == GgmlType::Q8_1 {
+                    assert_eq!(bits(&direct.s), bits(&copied.s), "{ty:?}, {n} tokens: s");
+                }
+                assert_eq!(direct.sums, copied.sums, "{ty:?}, {n} tokens: sums");
             }
         }
     }

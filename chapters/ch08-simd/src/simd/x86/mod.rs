@@ -153,6 +153,36 @@ pub mod avx512 {
     }
 }
 
+/// Q8_0 activations (Q8_1 with `q8_1`) of `x` straight into a packed product's panels, with
+/// AVX-512: block `b`'s 32 codes at `qs + 32·b·stride`, its scale, Q8_1's `s` and the codes' sum
+/// at `b·stride` from `d`, `s` and `sums`, as f32, f32 and i32 — the numbers
+/// `quantize_row_q8_0`/`_1` put in their blocks (the f16s widened back).
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F; `x.len()` is a multiple of 32; for each of its
+/// blocks every address above is valid for writing (`s` only with `q8_1`) and written by no
+/// one else during the call.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub unsafe fn quantize_q8_panel(
+    x: &[f32],
+    q8_1: bool,
+    qs: *mut u8,
+    d: *mut f32,
+    s: *mut f32,
+    sums: *mut i32,
+    stride: usize,
+) {
+    assert!(x.len().is_multiple_of(32), "quantize_q8_panel: {} values", x.len());
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if q8_1 {
+            quantize::quantize_q8_panel::<true>(x, qs, d, s, sums, stride)
+        } else {
+            quantize::quantize_q8_panel::<false>(x, qs, d, s, sums, stride)
+        }
+    }
+}
+
 /// AVX-512 VNNI kernels with 64-byte registers: `vpdpbusd` in place of `vpmaddubsw` +
 /// `vpmaddwd`.
 pub mod avx512vnni {

@@ -156,24 +156,31 @@ pub(super) unsafe fn quantize_row_q8_1<B: Q8Block>(x: &[f32], y: &mut [BlockQ8_1
     }
 }
 
-/// [`round_away`] on 16 lanes: the same operations, with mask registers where AVX2 blends.
+/// `v.round() as i8` for 16 floats, as 32-bit lanes, by another route than [`round_away`]'s
+/// to the same result: add ±0.49999997 (the largest float below one half, with `v`'s sign) and
+/// truncate. Where `v`'s fraction is below one half the sum stays below the next integer; where
+/// it is a half or more, the sum reaches it — at exactly one half only by the addition's
+/// rounding, which goes to the even neighbour, the integer. Checked for every float of
+/// magnitude up to 10⁹ against `f32::round` (beyond, floats are integers and the sum rounds
+/// back to them). NaN becomes 0 and the result saturates to `-128..=127` as before.
 #[inline(always)]
 unsafe fn round_away512(v: __m512) -> __m512i {
     // SAFETY: AVX-512 F on registers only, which the caller enables.
     unsafe {
-        let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-        let frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
-        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
-        // ±1 with `v`'s sign, by integer operations (AVX-512 F has no float `and`).
-        let sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN));
-        let one = _mm512_or_si512(_mm512_castps_si512(_mm512_set1_ps(1.0)), sign);
-        let r = _mm512_mask_add_ps(t, up, t, _mm512_castsi512_ps(one));
-        let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), r);
-        let r = _mm512_min_ps(
-            _mm512_max_ps(r, _mm512_set1_ps(-128.0)),
-            _mm512_set1_ps(127.0),
+        let below_half = _mm512_set1_epi32(0x3EFF_FFFF);
+        // (v & sign bit) | 0.49999997: `vpternlogd` with the truth table of `(a & b) | c`.
+        let h = _mm512_ternarylogic_epi32::<0xEA>(
+            _mm512_castps_si512(v),
+            _mm512_set1_epi32(i32::MIN),
+            below_half,
         );
-        _mm512_cvtps_epi32(r)
+        let t = _mm512_add_ps(v, _mm512_castsi512_ps(h));
+        let t = _mm512_maskz_max_ps(
+            _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v),
+            t,
+            _mm512_set1_ps(-128.0),
+        );
+        _mm512_cvttps_epi32(_mm512_min_ps(t, _mm512_set1_ps(127.0)))
     }
 }
 
@@ -229,6 +236,41 @@ impl Q8Block for Zmm {
                 0
             };
             (d, sum)
+        }
+    }
+}
+
+/// Q8_0 blocks (or, with `Q8_1`, Q8_1 blocks) of `x` written straight into a packed product's
+/// activation panels, without the blocks in between: block `b`'s 32 codes at
+/// `qs + 32·b·stride`, and at `b·stride` from `d`, `s` and `sums` its scale (the block's f16,
+/// widened back to f32), Q8_1's `s` (likewise) and `Σq`. The same numbers as quantizing the
+/// row with `quantize_row_q8_0`/`_1` and reading the blocks back.
+///
+/// # Safety
+/// The caller enables AVX2, FMA, F16C and AVX-512 F; `x` holds whole blocks; every address
+/// written is valid and written by nobody else meanwhile (`s` is not written unless `Q8_1`).
+#[inline(always)]
+pub(super) unsafe fn quantize_q8_panel<const Q8_1: bool>(
+    x: &[f32],
+    qs: *mut u8,
+    d: *mut f32,
+    s: *mut f32,
+    sums: *mut i32,
+    stride: usize,
+) {
+    // SAFETY: `block` gets a chunk of 32 floats and a local array; the writes are the caller's
+    // addresses; the instructions are those the caller enables.
+    unsafe {
+        let widen = |h: f16| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)));
+        for (b, x) in x.chunks_exact(QK8_0).enumerate() {
+            let mut codes = [0i8; 32];
+            let (db, sum) = Zmm::block::<true>(x, &mut codes);
+            (qs.add(32 * b * stride) as *mut [i8; 32]).write_unaligned(codes);
+            *d.add(b * stride) = widen(to_fp16(db));
+            if Q8_1 {
+                *s.add(b * stride) = widen(to_fp16(sum as f32 * db));
+            }
+            *sums.add(b * stride) = sum;
         }
     }
 }
