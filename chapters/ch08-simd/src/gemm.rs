@@ -1257,7 +1257,11 @@ mod avx512 {
                     let hb = _mm512_load_si512(unit.add(l.qh + 64 * s) as *const _);
                     for k in 0..4 {
                         let raw = _mm512_load_si512(unit.add(64 * (4 * (s / 2) + k)) as *const _);
-                        let nib = if s % 2 == 0 { raw } else { _mm512_srli_epi16(raw, 4) };
+                        let nib = if s % 2 == 0 {
+                            raw
+                        } else {
+                            _mm512_srli_epi16(raw, 4)
+                        };
                         // The high two bits to bits 4 and 5 (16-bit shifts: what crosses a
                         // byte lands outside those bits and is masked off below).
                         let high = match k {
@@ -1416,7 +1420,11 @@ mod tests {
                 }
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(direct.qs, copied.qs, "{ty:?}, {n} tokens: codes");
-                assert_eq!(bits(&direct.d), bits(&copied.d), "{ty:?}, {n} tokens: scales");
+                assert_eq!(
+                    bits(&direct.d),
+                    bits(&copied.d),
+                    "{ty:?}, {n} tokens: scales"
+                );
                 if k.act_ty == GgmlType::Q8_1 {
                     assert_eq!(bits(&direct.s), bits(&copied.s), "{ty:?}, {n} tokens: s");
                 }

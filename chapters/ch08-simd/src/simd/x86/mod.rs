@@ -172,7 +172,11 @@ pub unsafe fn quantize_q8_panel(
     sums: *mut i32,
     stride: usize,
 ) {
-    assert!(x.len().is_multiple_of(32), "quantize_q8_panel: {} values", x.len());
+    assert!(
+        x.len().is_multiple_of(32),
+        "quantize_q8_panel: {} values",
+        x.len()
+    );
     // SAFETY: forwarded from the caller.
     unsafe {
         if q8_1 {
