@@ -28,15 +28,15 @@
 //!
 //! # K-quants
 //!
-//! Q4_K and Q6_K super-blocks (256 weights) sum their sub-blocks' exact integer products, each
+//! Q4_K, Q5_K and Q6_K super-blocks (256 weights) sum their sub-blocks' exact integer products, each
 //! times its 6- or 8-bit scale, into one total per row, and apply the float scales once. The
 //! total is a float, summed with fused multiply-adds: a convert and an FMA cost less than a
 //! 32-bit integer multiply, and every term is an integer below 2^24, so the total is exact too
-//! until it passes 2^24. The part of the sum that does not depend on the weights (Q4_K's
-//! mins, Q6_K's offset of 32) is taken once per super-block, in 16-bit pairs (`vpdpwssd`).
+//! until it passes 2^24. The part of the sum that does not depend on the weights (Q4_K's and
+//! Q5_K's mins, Q6_K's offset of 32) is taken once per super-block, in 16-bit pairs (`vpdpwssd`).
 //! Chapter 6 (like ggml's generic code) instead keeps eight float partial sums per row, one per
 //! position modulo 8, and adds them at the end: the same value in exact arithmetic, rounded
-//! differently. These two kernels therefore agree with the scalar ones to float rounding, like
+//! differently. These kernels therefore agree with the scalar ones to float rounding, like
 //! the SIMD `vec_dot`s of [`crate::kernels`], not bit for bit.
 
 use crate::ch01::GgmlType;
@@ -82,14 +82,15 @@ pub enum PackedType {
     Q5_1,
     Q8_0,
     Q4_K,
+    Q5_K,
     Q6_K,
 }
 
 impl PackedType {
     /// Every packed type, so that tests cover each one.
-    pub const ALL: [PackedType; 7] = {
+    pub const ALL: [PackedType; 8] = {
         use PackedType::*;
-        [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K]
+        [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
     };
 
     /// The ggml type whose blocks this packs.
@@ -101,6 +102,7 @@ impl PackedType {
             PackedType::Q5_1 => GgmlType::Q5_1,
             PackedType::Q8_0 => GgmlType::Q8_0,
             PackedType::Q4_K => GgmlType::Q4_K,
+            PackedType::Q5_K => GgmlType::Q5_K,
             PackedType::Q6_K => GgmlType::Q6_K,
         }
     }
@@ -116,7 +118,7 @@ impl PackedType {
     }
 
     fn is_k(self) -> bool {
-        matches!(self, PackedType::Q4_K | PackedType::Q6_K)
+        matches!(self, PackedType::Q4_K | PackedType::Q5_K | PackedType::Q6_K)
     }
 
     /// Bytes of one block in the file.
@@ -128,6 +130,7 @@ impl PackedType {
             PackedType::Q5_1 => 24,
             PackedType::Q8_0 => 34,
             PackedType::Q4_K => 144,
+            PackedType::Q5_K => 176,
             PackedType::Q6_K => 210,
         }
     }
@@ -153,7 +156,7 @@ impl PackedType {
             PackedType::Q5_0 => 16,
             PackedType::Q8_0 => 128,
             PackedType::Q6_K => 32,
-            PackedType::Q4_1 | PackedType::Q5_1 | PackedType::Q4_K => 0,
+            PackedType::Q4_1 | PackedType::Q5_1 | PackedType::Q4_K | PackedType::Q5_K => 0,
         }
     }
 
@@ -164,7 +167,9 @@ impl PackedType {
             PackedType::Q4_1 => (0, Some(2), None, 4),
             PackedType::Q5_0 => (0, None, Some(2), 6),
             PackedType::Q5_1 => (0, Some(2), Some(4), 8),
-            PackedType::Q4_K | PackedType::Q6_K => unreachable!("k-quants have no legacy fields"),
+            PackedType::Q4_K | PackedType::Q5_K | PackedType::Q6_K => {
+                unreachable!("k-quants have no legacy fields")
+            }
         }
     }
 
@@ -196,6 +201,14 @@ impl Layout {
                 d: 2304,
                 m: 2336,
                 bytes: 2368,
+            },
+            PackedType::Q5_K => Layout {
+                qh: 2048,
+                sc: 2560,
+                mn: 2688,
+                d: 2816,
+                m: 2848,
+                bytes: 2880,
             },
             PackedType::Q6_K => Layout {
                 qh: 2048,
@@ -242,7 +255,9 @@ impl Layout {
 /// A Q4_K unit holds the nibble bytes in the same 16 rows × 4 bytes chunks (32 of them), then
 /// the unpacked 6-bit sub-block scales (one byte per row and sub-block), the mins (for each
 /// pair of sub-blocks, the two bytes of row 0, of row 1, …: widened to 16 bits they are one
-/// 32-bit lane per row, for `vpdpwssd`), then `d` and `dmin`. A Q6_K unit splits its 6-bit
+/// 32-bit lane per row, for `vpdpwssd`), then `d` and `dmin`. A Q5_K unit is a Q4_K unit with
+/// the fifth bits after the nibbles: for each sub-block and 4-weight chunk, a 64-bit mask as
+/// Q5_0's (2,880 bytes per 16 rows of 256 weights against the file's 2,816). A Q6_K unit splits its 6-bit
 /// codes as the file does: the low four bits in nibble chunks (chunk `4j + k` holds code chunk
 /// `k` of sub-block `2j` in its low nibbles and of sub-block `2j + 1` in its high ones), the
 /// high two in one 64-byte chunk per sub-block (bits `2k, 2k + 1` of each byte for its code
@@ -367,6 +382,7 @@ impl PackedMatrix {
                         let unit = &mut grp[b / ty.unit_blocks() * layout.bytes..][..layout.bytes];
                         match ty {
                             PackedType::Q4_K => pack_q4_k(blk, unit, &layout, lane),
+                            PackedType::Q5_K => pack_q5_k(blk, unit, &layout, lane),
                             PackedType::Q6_K => pack_q6_k(blk, unit, &layout, lane),
                             _ => pack_legacy(ty, blk, unit, &layout, lane, b % 2),
                         }
@@ -404,6 +420,7 @@ impl PackedMatrix {
             let unit = &grp[b / ty.unit_blocks() * l.bytes..][..l.bytes];
             match ty {
                 PackedType::Q4_K => unpack_q4_k(unit, blk, l, lane),
+                PackedType::Q5_K => unpack_q5_k(unit, blk, l, lane),
                 PackedType::Q6_K => unpack_q6_k(unit, blk, l, lane),
                 _ => unpack_legacy(ty, unit, blk, l, lane, b % 2),
             }
@@ -520,7 +537,13 @@ fn unpack_legacy(ty: PackedType, unit: &[u8], blk: &mut [u8], l: &Layout, lane: 
 
 // BlockQ4_K: d (2), dmin (2), scales (12), qs (128). Nibble byte `32j + l` holds weight
 // `64j + l` (low) and `64j + 32 + l` (high): chunk `8j + c` is bytes `32j + 4c..`.
+/// Q4_K's fields (d, dmin, scales, then `qs` at byte `qs`) into a unit: shared with Q5_K,
+/// whose blocks put their high bits between the scales and `qs`.
 fn pack_q4_k(blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize) {
+    pack_k4(blk, 16, unit, l, lane);
+}
+
+fn pack_k4(blk: &[u8], qs: usize, unit: &mut [u8], l: &Layout, lane: usize) {
     unit[l.d + 2 * lane..][..2].copy_from_slice(&blk[0..2]);
     unit[l.m + 2 * lane..][..2].copy_from_slice(&blk[2..4]);
     let scales: &[u8; 12] = blk[4..16].try_into().unwrap();
@@ -531,12 +554,16 @@ fn pack_q4_k(blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize) {
     }
     for c in 0..32 {
         for i in 0..4 {
-            unit[chunk_at(c, lane, i)] = blk[16 + 4 * c + i];
+            unit[chunk_at(c, lane, i)] = blk[qs + 4 * c + i];
         }
     }
 }
 
 fn unpack_q4_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
+    unpack_k4(unit, blk, 16, l, lane);
+}
+
+fn unpack_k4(unit: &[u8], blk: &mut [u8], qs: usize, l: &Layout, lane: usize) {
     blk[0..2].copy_from_slice(&unit[l.d + 2 * lane..][..2]);
     blk[2..4].copy_from_slice(&unit[l.m + 2 * lane..][..2]);
     let sc: [u8; 8] = std::array::from_fn(|s| unit[l.sc + 16 * s + lane]);
@@ -544,7 +571,39 @@ fn unpack_q4_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
     blk[4..16].copy_from_slice(&pack_scale_min_k4(&sc, &mn));
     for c in 0..32 {
         for i in 0..4 {
-            blk[16 + 4 * c + i] = unit[chunk_at(c, lane, i)];
+            blk[qs + 4 * c + i] = unit[chunk_at(c, lane, i)];
+        }
+    }
+}
+
+// BlockQ5_K: d, dmin, scales (12) as Q4_K's, then qh (32), then qs (128) as Q4_K's. Weight
+// `32s + l` of sub-block s has its fifth bit at bit s of `qh[l]`. Packed: Q4_K's unit, and
+// for each sub-block s and 4-weight chunk c a 64-bit mask at `qh + 8·(8s + c)` whose bit
+// `4r + i` is the fifth bit of weight `32s + 4c + i` of row r (as Q5_0's masks).
+fn pack_q5_k(blk: &[u8], unit: &mut [u8], l: &Layout, lane: usize) {
+    pack_k4(blk, 48, unit, l, lane);
+    for s in 0..8 {
+        for c in 0..8 {
+            let mask = &mut unit[l.qh + 8 * (8 * s + c)..][..8];
+            for i in 0..4 {
+                let bit = (blk[16 + 4 * c + i] >> s) & 1;
+                let at = 4 * lane + i;
+                mask[at / 8] |= bit << (at % 8);
+            }
+        }
+    }
+}
+
+fn unpack_q5_k(unit: &[u8], blk: &mut [u8], l: &Layout, lane: usize) {
+    unpack_k4(unit, blk, 48, l, lane);
+    blk[16..48].fill(0);
+    for s in 0..8 {
+        for c in 0..8 {
+            let mask = &unit[l.qh + 8 * (8 * s + c)..][..8];
+            for i in 0..4 {
+                let at = 4 * lane + i;
+                blk[16 + 4 * c + i] |= ((mask[at / 8] >> (at % 8)) & 1) << s;
+            }
         }
     }
 }
@@ -958,7 +1017,8 @@ mod avx512 {
                 PackedType::Q5_1 => by_n!(legacy<3>, n),
                 PackedType::Q8_0 => by_n!(legacy<4>, n),
                 PackedType::Q6_K => by_n!(q6_k, n),
-                PackedType::Q4_K => by_n!(q4_k, n),
+                PackedType::Q4_K => by_n!(q4_k<false>, n),
+                PackedType::Q5_K => by_n!(q4_k<true>, n),
             }
         }
     }
@@ -1129,8 +1189,10 @@ mod avx512 {
     }
     // ANCHOR_END: kernel_terms
 
-    /// Q4_K: per super-block and row, `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy` over the
-    /// 8 sub-blocks of 32.
+    /// Q4_K (and, with `HIGH`, Q5_K): per super-block and row,
+    /// `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy` over the 8 sub-blocks of 32. Q5_K's codes are
+    /// Q4_K's plus 16 where a weight's fifth bit is set, added under the bit's mask as in
+    /// `legacy` for Q5_0; the rest is the same.
     ///
     /// Only the first sum is per weight: each sub-block's `Σ q·y` in 32-bit integers, times
     /// its scale in floats (see the module's docs). The second needs each row's 8 mins and
@@ -1141,9 +1203,9 @@ mod avx512 {
     /// all of them.
     ///
     /// # Safety
-    /// As for [`tile`], with `N <= a.stride` and `m` a Q4_K matrix.
+    /// As for [`tile`], with `N <= a.stride` and `m` a Q4_K matrix (a Q5_K matrix if `HIGH`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn q4_k<const N: usize>(
+    unsafe fn q4_k<const HIGH: bool, const N: usize>(
         m: &PackedMatrix,
         g: usize,
         a: &Tile,
@@ -1151,7 +1213,7 @@ mod avx512 {
         valid: usize,
     ) {
         let (l, grp, nt) = (&m.layout, m.group_ptr(g), a.stride);
-        let low4 = _mm512_set1_epi8(0x0F);
+        let (low4, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
         let mut acc = [_mm512_setzero_ps(); N]; // (N, 16 rows)
         for b in 0..m.nb {
             // SAFETY: as in `legacy`: offsets inside the group's unit and the tile, and each
@@ -1173,11 +1235,16 @@ mod avx512 {
                     let mut isum = [_mm512_setzero_si512(); N];
                     for c in 0..8 {
                         let raw = _mm512_load_si512(unit.add(64 * (8 * (s / 2) + c)) as *const _);
-                        let w = if s % 2 == 0 {
+                        let mut w = if s % 2 == 0 {
                             _mm512_and_si512(raw, low4)
                         } else {
                             _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)
                         };
+                        if HIGH {
+                            // Q5_K: 16 added where the weight's fifth bit is set.
+                            let mask = (unit.add(l.qh + 8 * (8 * s + c)) as *const u64).read();
+                            w = _mm512_mask_add_epi8(w, mask, w, bit4);
+                        }
                         for (t, isum) in isum.iter_mut().enumerate() {
                             *isum = _mm512_dpbusd_epi32(*isum, w, bcast(y(t, 32 * s + 4 * c)));
                         }
