@@ -28,16 +28,16 @@
 //!
 //! # K-quants
 //!
-//! Q4_K, Q5_K and Q6_K super-blocks (256 weights) sum their sub-blocks' exact integer products, each
-//! times its 6- or 8-bit scale, into one total per row, and apply the float scales once. The
-//! total is a float, summed with fused multiply-adds: a convert and an FMA cost less than a
-//! 32-bit integer multiply, and every term is an integer below 2^24, so the total is exact too
-//! until it passes 2^24. The part of the sum that does not depend on the weights (Q4_K's and
-//! Q5_K's mins, Q6_K's offset of 32) is taken once per super-block, in 16-bit pairs (`vpdpwssd`).
-//! Chapter 6 (like ggml's generic code) instead keeps eight float partial sums per row, one per
-//! position modulo 8, and adds them at the end: the same value in exact arithmetic, rounded
-//! differently. These kernels therefore agree with the scalar ones to float rounding, like
-//! the SIMD `vec_dot`s of [`crate::kernels`], not bit for bit.
+//! Q4_K, Q5_K and Q6_K super-blocks (256 weights) sum their sub-blocks' exact integer products,
+//! each times its 6- or 8-bit scale, into one total per row, and apply the float scales once. The
+//! total is a float, summed with fused multiply-adds: a convert and an FMA cost less than a 32-bit
+//! integer multiply, and every term is an integer below 2^24, so the total is exact too until it
+//! passes 2^24. The part of the sum that does not depend on the weights (Q4_K's and Q5_K's mins,
+//! Q6_K's offset of 32) is taken once per super-block, in 16-bit pairs (`vpdpwssd`). Chapter 6
+//! (like ggml's generic code) instead keeps eight float partial sums per row, one per position
+//! modulo 8, and adds them at the end: the same value in exact arithmetic, rounded differently.
+//! These kernels therefore agree with the scalar ones to float rounding, like the SIMD `vec_dot`s
+//! of [`crate::kernels`], not bit for bit.
 
 use crate::ch01::GgmlType;
 use crate::ch03::LoadError;
@@ -253,19 +253,19 @@ impl Layout {
 ///   file's f16.
 ///
 /// A Q4_K unit holds the nibble bytes in the same 16 rows × 4 bytes chunks (32 of them), then
-/// the unpacked 6-bit sub-block scales (one byte per row and sub-block), the mins (for each
-/// pair of sub-blocks, the two bytes of row 0, of row 1, …: widened to 16 bits they are one
-/// 32-bit lane per row, for `vpdpwssd`), then `d` and `dmin`. A Q5_K unit is a Q4_K unit with
-/// the fifth bits after the nibbles: for each sub-block and 4-weight chunk, a 64-bit mask as
-/// Q5_0's (2,880 bytes per 16 rows of 256 weights against the file's 2,816). A Q6_K unit splits its 6-bit
-/// codes as the file does: the low four bits in nibble chunks (chunk `4j + k` holds code chunk
-/// `k` of sub-block `2j` in its low nibbles and of sub-block `2j + 1` in its high ones), the
-/// high two in one 64-byte chunk per sub-block (bits `2k, 2k + 1` of each byte for its code
-/// chunk `k`), then the sub-block scales and `d`: 3,392 bytes per 16 rows of 256 weights against
-/// the file's 3,360. A shift, a mask and one three-way logic instruction put a code register
-/// back together. (Keeping each code in a byte of its own, 4,416 bytes, needs no unpacking, but
-/// a decoded token then reads 31 % more of these matrices' bytes: measured on a 235 MB matrix,
-/// one token took 38 % longer with two threads, and 64 tokens 9 % longer.)
+/// the unpacked 6-bit sub-block scales (one byte per row and sub-block), the mins (for each pair of
+/// sub-blocks, the two bytes of row 0, of row 1, …: widened to 16 bits they are one 32-bit lane per
+/// row, for `vpdpwssd`), then `d` and `dmin`. A Q5_K unit is a Q4_K unit with the fifth bits after
+/// the nibbles: for each sub-block and 4-weight chunk, a 64-bit mask as Q5_0's (2,880 bytes per 16
+/// rows of 256 weights against the file's 2,816). A Q6_K unit splits its 6-bit codes as the file
+/// does: the low four bits in nibble chunks (chunk `4j + k` holds code chunk `k` of sub-block `2j`
+/// in its low nibbles and of sub-block `2j + 1` in its high ones), the high two in one 64-byte
+/// chunk per sub-block (bits `2k, 2k + 1` of each byte for its code chunk `k`), then the sub-block
+/// scales and `d`: 3,392 bytes per 16 rows of 256 weights against the file's 3,360. A shift, a mask
+/// and one three-way logic instruction put a code register back together. (Keeping each code in a
+/// byte of its own, 4,416 bytes, needs no unpacking, but a decoded token then reads 31 % more of
+/// these matrices' bytes: measured on a matrix of 235 million weights, one token took 38 % longer
+/// with two threads, and 64 tokens 9 % longer.)
 ///
 /// Every part is a whole number of 64-byte lines, so every load is aligned. A last group with
 /// fewer than 16 rows is padded with zero rows, a last legacy unit with a zero block.
