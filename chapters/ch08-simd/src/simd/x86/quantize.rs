@@ -160,9 +160,10 @@ pub(super) unsafe fn quantize_row_q8_1<B: Q8Block>(x: &[f32], y: &mut [BlockQ8_1
 /// to the same result: add ±0.49999997 (the largest float below one half, with `v`'s sign) and
 /// truncate. Where `v`'s fraction is below one half the sum stays below the next integer; where
 /// it is a half or more, the sum reaches it — at exactly one half only by the addition's
-/// rounding, which goes to the even neighbour, the integer. Checked for every float of
+/// rounding, which goes to the even neighbour, the integer. Checked once for every float of
 /// magnitude up to 10⁹ against `f32::round` (beyond, floats are integers and the sum rounds
-/// back to them). NaN becomes 0 and the result saturates to `-128..=127` as before.
+/// back to them), and by the tests below on every half and its neighbours and a sweep of the
+/// codes' range. NaN becomes 0 and the result saturates to `-128..=127` as before.
 #[inline(always)]
 unsafe fn round_away512(v: __m512) -> __m512i {
     // SAFETY: AVX-512 F on registers only, which the caller enables.
@@ -351,6 +352,97 @@ pub(super) unsafe fn quantize_row_q8_K(x: &[f32], y: &mut [BlockQ8_K]) {
             let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
             _mm256_storeu_si256(y.bsums.as_mut_ptr().cast(), b);
             y.d = 1.0 / iscale;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the kernels must give: `v.round() as i8`, as an i32.
+    fn want(v: f32) -> i32 {
+        v.round() as i8 as i32
+    }
+
+    /// The floats the rounding is hard on: every half from -130.5 to 130.5 and the four floats
+    /// on each side of it, every integer there and its neighbours, a sweep of the range by
+    /// bit patterns, and the specials.
+    fn hard_values() -> Vec<f32> {
+        let mut v = Vec::new();
+        for k in -261..=261 {
+            let c = k as f32 / 2.0;
+            let (mut up, mut down) = (c, c);
+            v.push(c);
+            for _ in 0..4 {
+                up = up.next_up();
+                down = down.next_down();
+                v.extend([up, down]);
+            }
+        }
+        let top = 131.0f32.to_bits();
+        v.extend((0..top).step_by(997).flat_map(|b| {
+            let x = f32::from_bits(b);
+            [x, -x]
+        }));
+        v.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+        ]);
+        v.extend([f32::MIN_POSITIVE, 1e-40, 1e9, -1e9, 0.49999997, -0.49999997]);
+        v
+    }
+
+    /// The rule itself, `trunc(v + copysign(0.49999997, v))` clamped, in plain Rust on any
+    /// machine: the same integer as `f32::round` for every hard value.
+    #[test]
+    fn adding_just_under_a_half_and_truncating_rounds_half_away_from_zero() {
+        let below_half = f32::from_bits(0x3EFF_FFFF);
+        assert_eq!(below_half, 0.5f32.next_down());
+        for x in hard_values() {
+            let t = (x + below_half.copysign(x)).trunc();
+            let got = if x.is_nan() {
+                0
+            } else {
+                t.clamp(-128.0, 127.0) as i32
+            };
+            assert_eq!(got, want(x), "{x:e} ({:#010x})", x.to_bits());
+        }
+    }
+
+    /// `round_away512` gives the rule's integers, lane by lane (on a CPU with AVX-512 F; CI's
+    /// has it, and the rule itself is checked everywhere above).
+    #[test]
+    fn round_away512_equals_f32_round() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("no AVX-512 F on this CPU: round_away512 cannot run here");
+            return;
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn round16(x: &[f32; 16]) -> [i32; 16] {
+            let mut out = [0i32; 16];
+            // SAFETY: AVX-512 F is enabled here and present (checked by the caller); the
+            // load and the store touch 16 floats and 16 integers of the arrays.
+            unsafe {
+                let r = round_away512(_mm512_loadu_ps(x.as_ptr()));
+                _mm512_storeu_si512(out.as_mut_ptr().cast(), r);
+            }
+            out
+        }
+        let values = hard_values();
+        for chunk in values.chunks(16) {
+            let mut x = [0f32; 16];
+            x[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            let got = unsafe { round16(&x) };
+            for (i, &v) in x.iter().enumerate() {
+                assert_eq!(got[i], want(v), "{v:e} ({:#010x})", v.to_bits());
+            }
         }
     }
 }
