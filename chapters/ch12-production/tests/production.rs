@@ -163,17 +163,24 @@ fn request_ids_round_trip_and_name_the_log_lines() {
 // ANCHOR: sigterm_test
 #[test]
 fn sigterm_during_8_streams_drains_and_exits_0_within_the_limit() {
-    /// The drain limit of this test: the short streams finish well within it, the long ones
-    /// (thousands of tokens) cannot.
-    const DRAIN: u64 = 4;
-    let mut s = start(
-        &with(&["--parallel", "8", "--drain-timeout", &DRAIN.to_string()]),
-        &[],
-    );
+    /// The drain limit of this test: the short streams (16 tokens) finish well within it, the
+    /// long ones cannot: 4,000 tokens in two seconds would be 2,000 tokens a second for each
+    /// of four streams, several times what two cores decode on the default model.
+    const DRAIN: u64 = 2;
+    const LONG: usize = 4000;
+    let mut flags = with(&["--parallel", "8", "--drain-timeout", &DRAIN.to_string()]);
+    // A context that holds the long streams (the tests' usual one is 1,024 positions).
+    let ctx = flags
+        .iter()
+        .position(|f| f == "--ctx")
+        .expect("a --ctx flag")
+        + 1;
+    flags[ctx] = "4200".to_string();
+    let mut s = start(&flags, &[]);
     let streams: Vec<(usize, Stream)> = (0..8)
         .map(|i| {
             // Counting: a greedy model goes on counting, it does not stop by itself.
-            let n = if i % 2 == 0 { 16 } else { 1000 };
+            let n = if i % 2 == 0 { 16 } else { LONG };
             let prompt = format!("{}, {}, {}, {},", i, i + 1, i + 2, i + 3);
             let body = json!({"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": true});
             (n, Stream::open(s.post("/v1/completions", &body)))
@@ -212,8 +219,8 @@ fn sigterm_during_8_streams_drains_and_exits_0_within_the_limit() {
         }
         assert!(done, "a stream of {n} ended without [DONE]");
         assert_eq!(finish.as_deref(), Some("length"));
-        if *n == 1000 {
-            assert!(tokens < 1000, "a long stream finished within the drain");
+        if *n == LONG {
+            assert!(tokens < LONG, "a long stream finished within the drain");
         }
     }
     let status = s
