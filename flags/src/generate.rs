@@ -36,7 +36,7 @@ pub struct Generate {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Threads (used from chapter 8 on); by default the machine's physical cores, as
-    /// llama.cpp chooses.
+    /// llama.cpp chooses; at most 4 per hardware thread, more is refused.
     #[arg(long, short = 't', default_value_t = cli::default_threads())]
     pub threads: usize,
     /// Context size: positions a run holds (default: 4096, or the model's context if

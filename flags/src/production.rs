@@ -67,10 +67,12 @@ pub struct Production {
     /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
     #[arg(long, hide = true)]
     pub fault_injection: bool,
-    /// An API key every request to /v1/ must carry (Authorization: Bearer KEY). Prefer the
-    /// environment variable or the file to the command line, which other users can see.
-    #[arg(long)]
-    pub api_key: Option<String>,
+    /// An API key a request to /v1/ may carry (Authorization: Bearer KEY); give it again for
+    /// more keys, each a tenant named api-key-1, api-key-2, … in order (the variable holds one
+    /// key, the --config file a list: api-key = ["K1", "K2"]). Prefer the variable, a file, or
+    /// better --api-keys to the command line, which other users can see.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Vec<String>,
     /// A file of API keys, one `NAME SHA256-HEX` per line (printf %s KEY | sha256sum); each key
     /// is a tenant with its own prefix cache.
     #[arg(long)]
@@ -79,9 +81,16 @@ pub struct Production {
     #[arg(long, default_value_t = 0)]
     pub key_max_in_flight: usize,
     /// Tokens, prompt and completion, one API key may use per minute; past it, 429 (0: no
-    /// limit).
+    /// limit). A request is let in while its key is under the limit and is charged when it
+    /// ends, so the requests in flight then may pass it: by less than --key-max-in-flight
+    /// requests.
     #[arg(long, default_value_t = 0)]
     pub key_tokens_per_minute: u64,
+    /// A series per API key name in /metrics (llmrs_key_requests_total, llmrs_key_tokens_total);
+    /// by default every key is counted under key="all", since /metrics is open to anyone who
+    /// reaches the port and a key's name often names a customer.
+    #[arg(long)]
+    pub metrics_per_key: bool,
 }
 // ANCHOR_END: flags
 
@@ -116,6 +125,7 @@ impl Production {
             api_keys: self.api_keys.clone(),
             key_max_in_flight: self.key_max_in_flight,
             key_tokens_per_minute: self.key_tokens_per_minute,
+            metrics_per_key: self.metrics_per_key,
         }
     }
 }
@@ -161,4 +171,36 @@ pub fn run_checked<P: CommandFactory>(args: &Args) {
             .exit();
     }
     ch12::run_logged(args);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Production {
+        let argv = std::iter::once("production")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        settings::parse_from::<Production>(argv, "config").unwrap()
+    }
+
+    #[test]
+    fn every_api_key_given_is_kept() {
+        let p = parse(&["--api-key", "k1", "--api-key", "k2", "--api-key", "k3"]);
+        assert_eq!(p.api_key, ["k1", "k2", "k3"]);
+        assert!(
+            !p.metrics_per_key,
+            "key names stay out of /metrics by default"
+        );
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            f.path(),
+            "api-key = [\"k1\", \"k2\"]\nmetrics-per-key = true\n",
+        )
+        .unwrap();
+        let p = parse(&["--config", f.path().to_str().unwrap()]);
+        assert_eq!(p.api_key, ["k1", "k2"]);
+        assert!(p.metrics_per_key);
+    }
 }

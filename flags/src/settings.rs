@@ -6,7 +6,8 @@
 //! from each, and the most specific wins: a flag beats `LLM_RS_<FLAG>`, which beats the file
 //! named by `--config` (or `LLM_RS_CONFIG`), which beats the built-in default. The keys of the
 //! file are the flags' long names (`port = 8080`, `drain-timeout = 30`; `batch_tokens` is
-//! accepted for `batch-tokens`), and an unknown key is an error naming it.
+//! accepted for `batch-tokens`), a flag that may be given more than once takes a list
+//! (`api-key = ["K1", "K2"]`), and an unknown key is an error naming it.
 //!
 //! It works for any clap parser: the environment names are added to its arguments, and the
 //! file's values are given to clap as flags — but only for settings that neither the command
@@ -100,23 +101,7 @@ pub fn parse_from<P: Parser>(argv: Vec<OsString>, config_id: &str) -> Result<P, 
         if given {
             continue;
         }
-        let flag = format!("--{long}");
-        match (value, arg.get_action()) {
-            (toml::Value::Boolean(true), ArgAction::SetTrue) => from_file.push(flag.into()),
-            (toml::Value::Boolean(false), ArgAction::SetTrue) => {}
-            (_, ArgAction::SetTrue) => {
-                return Err(err(format!("{key:?} is a switch: give true or false")));
-            }
-            (toml::Value::String(s), _) => from_file.extend([flag.into(), s.into()]),
-            (toml::Value::Integer(i), _) => from_file.extend([flag, i.to_string()].map(Into::into)),
-            (toml::Value::Float(x), _) => from_file.extend([flag, x.to_string()].map(Into::into)),
-            (v, _) => {
-                return Err(err(format!(
-                    "{key:?} must be a string or a number, not {}",
-                    v.type_str()
-                )));
-            }
-        }
+        from_file.extend(as_flags(key, &long, arg.get_action(), value).map_err(err)?);
     }
     // ANCHOR_END: parse
     // ANCHOR: parse_layered
@@ -132,6 +117,47 @@ pub fn parse_from<P: Parser>(argv: Vec<OsString>, config_id: &str) -> Result<P, 
     P::from_arg_matches(&matches).map_err(ConfigError::Clap)
 }
 // ANCHOR_END: parse_layered
+
+/// The flags that give the file's `key = value` to the flag `--long` of action `action`: a
+/// switch's `true`, a value, or for a flag that may be given again (`--api-key K1 --api-key
+/// K2`) a list of values.
+fn as_flags(
+    key: &str,
+    long: &str,
+    action: &ArgAction,
+    value: &toml::Value,
+) -> Result<Vec<OsString>, String> {
+    let flag = || OsString::from(format!("--{long}"));
+    let values = match value {
+        toml::Value::Array(items) if matches!(action, ArgAction::Append) => items.as_slice(),
+        v => std::slice::from_ref(v),
+    };
+    let mut flags = Vec::new();
+    for value in values {
+        match (value, action) {
+            (toml::Value::Boolean(true), ArgAction::SetTrue) => flags.push(flag()),
+            (toml::Value::Boolean(false), ArgAction::SetTrue) => {}
+            (_, ArgAction::SetTrue) => {
+                return Err(format!("{key:?} is a switch: give true or false"));
+            }
+            (toml::Value::String(s), _) => flags.extend([flag(), s.into()]),
+            (toml::Value::Integer(i), _) => flags.extend([flag(), i.to_string().into()]),
+            (toml::Value::Float(x), _) => flags.extend([flag(), x.to_string().into()]),
+            (v, _) => {
+                let list = if matches!(action, ArgAction::Append) {
+                    ", or a list of them"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "{key:?} must be a string or a number{list}, not {}",
+                    v.type_str()
+                ));
+            }
+        }
+    }
+    Ok(flags)
+}
 
 fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     let err = |m: String| ConfigError::File(path.to_path_buf(), m);
@@ -172,6 +198,8 @@ mod tests {
         log_format: String,
         #[arg(long)]
         no_repack: bool,
+        #[arg(long)]
+        tag: Vec<String>,
         #[arg(long)]
         config: Option<PathBuf>,
     }
@@ -237,6 +265,10 @@ mod tests {
                 "\"port\" must be a string or a number, not array",
             ),
             ("no-repack = 1", "\"no-repack\" is a switch"),
+            (
+                "tag = [[1]]",
+                "\"tag\" must be a string or a number, or a list of them, not array",
+            ),
             ("config = \"x\"", "cannot name another file"),
             ("port = ", "expected"),
         ] {
@@ -248,5 +280,23 @@ mod tests {
         }
         let e = parse_from::<Demo>(argv(&["--config", "/nonexistent.toml"]), "config");
         assert!(e.unwrap_err().to_string().contains("/nonexistent.toml"));
+    }
+
+    #[test]
+    fn a_flag_given_more_than_once_takes_a_list_from_the_file() {
+        for (text, expect) in [
+            ("tag = [\"a\", \"b\"]", &["a", "b"][..]),
+            ("tag = \"a\"", &["a"][..]),
+            ("tag = []", &[][..]),
+        ] {
+            let f = file(text);
+            let c = f.path().to_str().unwrap();
+            let d: Demo = parse_from(argv(&["--config", c]), "config").unwrap();
+            assert_eq!(d.tag, expect, "{text}");
+        }
+        let f = file("tag = [\"a\", \"b\"]");
+        let c = f.path().to_str().unwrap();
+        let d: Demo = parse_from(argv(&["--config", c, "--tag", "c"]), "config").unwrap();
+        assert_eq!(d.tag, ["c"], "the command line's list replaces the file's");
     }
 }

@@ -440,7 +440,10 @@ impl<'a> StreamDecoder<'a> {
         take_utf8(&mut self.unfinished, false)
     }
 
-    /// The rest of the text: held-back bytes, with U+FFFD for an unfinished character.
+    /// The rest of the text: held-back bytes, with U+FFFD for an unfinished character (a
+    /// token limit can cut generation inside one). Text is UTF-8, so the bytes cannot be
+    /// passed on as they are; the replacement character says that the text ends inside a
+    /// character, where dropping the bytes would hide it. llama-server's JSON does the same.
     pub fn finish(mut self) -> String {
         if self.tokenizer.vocab.clean_spaces {
             clean_spaces(&mut self.uncleaned);

@@ -143,7 +143,8 @@ impl Args {
     }
 
     /// `--threads`, capped at [`MAX_THREADS_PER_CORE`] per available core (with a warning):
-    /// more threads than that only wait for each other, and each costs a stack.
+    /// more threads than that only wait for each other, and each costs a stack. [`check`]
+    /// refuses more; the cap is for a caller that did not check.
     pub fn threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cap = cores * MAX_THREADS_PER_CORE;
@@ -284,14 +285,40 @@ pub fn check(args: &Args) -> Result<(), Box<dyn Error>> {
     args.sampler()
         .validate()
         .map_err(|e| format!("--{}", e.to_string().replace('_', "-")))?;
-    if args.threads == 0 {
-        return Err("--threads 0: at least one thread computes".into());
-    }
+    check_threads(args.threads)?;
     Ok(())
 }
 
-/// Threads beyond this many per available core only take turns on the cores.
+/// Threads beyond this many per hardware thread the process may run on only take turns on the
+/// cores: each costs a stack and a few memory mappings, and waits for the others at every
+/// product. The bound is what makes a typo harmless: `--threads 100000` would start threads
+/// until the system refuses one (after about 16,000 on a machine with Linux's default of
+/// 65,530 memory mappings a process), and with the mappings spent, even reporting that can
+/// fail and abort the process.
 pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The most `--threads` this process takes: [`MAX_THREADS_PER_CORE`] per hardware thread it
+/// may run on.
+pub fn max_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_mul(MAX_THREADS_PER_CORE)
+}
+
+/// Refuse a `--threads` of 0, or of more than [`max_threads`], with a message naming the flag,
+/// the value and the bound. Every program that takes `--threads` checks it here.
+pub fn check_threads(threads: usize) -> Result<(), String> {
+    if threads == 0 {
+        return Err("--threads 0: at least one thread computes".into());
+    }
+    let max = max_threads();
+    if threads > max {
+        return Err(format!(
+            "--threads {threads} is more than {max}, {MAX_THREADS_PER_CORE} per hardware thread \
+             this process may run on: more threads only take turns on the cores"
+        ));
+    }
+    Ok(())
+}
 
 // ANCHOR: drive
 /// Run the command line's job with `runner`: complete the prompt, or hold a conversation
@@ -563,4 +590,22 @@ pub fn json_report(g: &Generation, t: &Totals, total: Duration) -> Map<String, V
         unreachable!("json! of an object literal is an object")
     };
     map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_beyond_the_bound_are_refused_naming_the_flag_and_the_bound() {
+        assert!(check_threads(1).is_ok());
+        assert!(check_threads(max_threads()).is_ok());
+        for bad in [0, max_threads() + 1, 100_000, usize::MAX] {
+            let e = check_threads(bad).unwrap_err();
+            assert!(e.starts_with(&format!("--threads {bad}")), "{e}");
+            if bad > 0 {
+                assert!(e.contains(&max_threads().to_string()), "{e}");
+            }
+        }
+    }
 }

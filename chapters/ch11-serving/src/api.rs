@@ -1,16 +1,23 @@
 //! The OpenAI API as JSON: the requests the server accepts, the responses and stream chunks it
 //! sends, and its errors — with llama-server's extensions (`top_k`, `min_p`,
-//! `repeat_penalty`) and its defaults where OpenAI's API says nothing.
+//! `repeat_penalty`, `repeat_last_n`, `ignore_eos`, `samplers`, `speculative.n_max`) and its
+//! defaults where OpenAI's API says nothing.
 //!
-//! A request is parsed in two steps: serde reads the JSON into the types below (a malformed
-//! body or a wrong type is a 400 naming line, column and field), then [`Sampling::params`]
-//! checks the values and turns them into chapter 4's [`GenParams`].
+//! A request is parsed in two steps: serde reads the JSON into the types below (a body that is
+//! not JSON, or not an object of the endpoint's shape, is a 400 naming line and column), then
+//! [`Sampling::params`] reads each field as its type and checks its value, and turns them into
+//! chapter 4's [`GenParams`]: a field of the wrong type or out of its domain is a 400 naming
+//! it. Every field either works or is refused by name: one the engine lacks is accepted only
+//! at a value that asks for nothing ([`UNSUPPORTED`]), and an unknown one is refused as
+//! OpenAI's API refuses it.
 
-use ch10::{GenParams, MakeRule, Message, Proposer, SamplerParams, StopReason};
-use serde::Deserialize;
+use ch10::{GenParams, IgnoreEos, MakeRule, Message, Proposer, SamplerParams, StopReason};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Most stop strings a request may give (OpenAI allows 4).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -32,64 +39,189 @@ pub fn echo(s: &str) -> String {
     }
 }
 
-/// The sampling and length fields common to both endpoints. Fields OpenAI defines that the
-/// engine cannot honour are refused by name rather than ignored ([`Sampling::params`]); an
-/// unknown field is ignored, as OpenAI's API and llama-server ignore it.
+/// The sampling and length fields common to both endpoints, each read as its type by
+/// [`Sampling::params`] ([`Field`]). Fields OpenAI or llama-server define that the engine
+/// cannot honour are refused by name unless they ask for nothing ([`UNSUPPORTED`]); an unknown
+/// field is refused as OpenAI's API refuses it ("Unrecognized request argument supplied").
 #[derive(Debug, Default, Deserialize)]
 pub struct Sampling {
     pub model: Option<String>,
     /// At least 1; absent, generation runs until the context is full.
-    pub max_tokens: Option<i64>,
+    pub max_tokens: Option<Field<i64>>,
     /// The chat endpoint's newer name for `max_tokens`.
-    pub max_completion_tokens: Option<i64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub seed: Option<u64>,
-    pub stop: Option<Stop>,
-    pub n: Option<u64>,
+    pub max_completion_tokens: Option<Field<i64>>,
+    pub temperature: Option<Field<f32>>,
+    pub top_p: Option<Field<f32>>,
+    pub top_k: Option<Field<i64>>,
+    pub min_p: Option<Field<f32>>,
+    pub repeat_penalty: Option<Field<f32>>,
+    /// llama-server's field: how many recent tokens the penalty looks at (0: none, -1: all).
+    pub repeat_last_n: Option<Field<i64>>,
+    pub seed: Option<Field<u64>>,
+    pub stop: Option<Field<Stop>>,
+    pub n: Option<Field<u64>>,
+    /// llama-server's field: end-of-generation tokens never come next (chapter 4's
+    /// [`IgnoreEos`]), so generation runs to its token limit — what a benchmark wants.
+    pub ignore_eos: Option<Field<bool>>,
+    /// llama-server's field: the stages of the sampler chain, in order; accepted when it names
+    /// chapter 4's chain as it is ([`CHAIN`]).
+    pub samplers: Option<Value>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub logprobs: Option<Value>,
-    pub tools: Option<Vec<Value>>,
     /// The form of the output: OpenAI's `{"type": "text"}`, or what the server's [`Formats`]
     /// accept (they are handed its text, so that a JSON schema's properties keep their order).
     pub response_format: Option<Value>,
     /// llama-server's field: a GBNF grammar the output must follow, where [`Formats`] accept it.
     pub grammar: Option<Value>,
-    /// llama-server's field: most tokens guessed ahead per step for this request (0: none),
-    /// where the server guesses ([`Guessing`]); the server's own limit bounds it.
+    /// OpenAI's hint of which requests share a prompt prefix, so that its servers route them
+    /// together: accepted, since this server's prefix cache finds a shared prefix by itself.
+    pub prompt_cache_key: Option<Field<String>>,
+    /// llama-server's fields: most tokens guessed ahead per step for this request (0: none),
+    /// where the server guesses ([`Guessing`]; the server's own limit bounds it); guesses to
+    /// check each step whatever they cost; and the probability a guess must have (only 0:
+    /// [`Guessing`] is asked for a number of guesses, with no probability to hold them to).
+    /// Each may also be given inside an object, `"speculative": {"n_max": 4}`, but not both ways.
+    /// Read through [`Sampling::speculative_n_max`] and [`Sampling::speculative_n_min`].
     #[serde(rename = "speculative.n_max")]
-    pub speculative_n_max: Option<u64>,
-    /// llama-server's field: guesses to check each step whatever they cost.
+    speculative_n_max: Option<Field<u64>>,
     #[serde(rename = "speculative.n_min")]
-    pub speculative_n_min: Option<u64>,
-    /// Refused unless they ask for what the server does anyway (see [`UNSUPPORTED`]).
-    pub tool_choice: Option<Value>,
-    pub parallel_tool_calls: Option<Value>,
-    pub logit_bias: Option<Value>,
-    pub top_logprobs: Option<Value>,
-    pub best_of: Option<Value>,
-    pub user: Option<Value>,
+    speculative_n_min: Option<Field<u64>>,
+    #[serde(rename = "speculative.p_min")]
+    speculative_p_min: Option<Field<f64>>,
+    speculative: Option<Field<Map<String, Value>>>,
+    /// Every other field: one of [`UNSUPPORTED`], or unknown.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
-/// OpenAI's fields the engine does not implement, each with the values that ask for nothing
-/// (what the server does anyway): any other value is a 400 naming the field, never ignored.
-/// `user` (an end-user id for the provider's abuse monitoring) is refused because this server
-/// keeps no such records. (`response_format` and `grammar` are the [`Formats`]'.)
-pub const UNSUPPORTED: [(&str, &str); 6] = [
-    ("tool_choice", r#""none""#),
-    ("parallel_tool_calls", "false"),
-    ("logit_bias", "{}"),
-    ("top_logprobs", "0"),
-    ("best_of", "1"),
-    ("user", "no value"),
+// ANCHOR: unsupported
+/// Fields of OpenAI's API and of llama-server's that the engine does not implement: each with
+/// the values that ask for nothing (what the server does anyway, as JSON; null too), and why
+/// any other value is a 400 naming the field rather than ignored. The settings of a sampler
+/// the chain lacks are accepted at llama-server's defaults, which leave it off.
+#[rustfmt::skip]
+pub const UNSUPPORTED: &[(&str, &[&str], &str)] = &[
+    ("presence_penalty", &["0"], "use repeat_penalty"),
+    ("frequency_penalty", &["0"], "use repeat_penalty"),
+    ("logit_bias", &["{}"], "the sampler chain has no per-token bias"),
+    ("logprobs", &["false"], "the server reports no token probabilities"),
+    ("top_logprobs", &["0"], "the server reports no token probabilities"),
+    ("n_probs", &["0"], "the server reports no token probabilities"),
+    ("best_of", &["1"], "the server makes one choice per request"),
+    ("tools", &["[]"], "the server calls no tools"),
+    ("tool_choice", &[r#""none""#], "the server calls no tools"),
+    ("parallel_tool_calls", &["false"], "the server calls no tools"),
+    ("functions", &["[]"], "the server calls no tools"),
+    ("function_call", &[r#""none""#], "the server calls no tools"),
+    ("user", &[], "the server keeps no record of end users"),
+    ("safety_identifier", &[], "the server keeps no record of end users"),
+    ("store", &["false"], "the server stores no completions"),
+    ("metadata", &["{}"], "the server stores no completions to tag"),
+    ("service_tier", &[r#""auto""#, r#""default""#], "the server has one tier"),
+    ("reasoning_effort", &[], "the server has no setting for reasoning"),
+    ("verbosity", &[], "the server bounds an answer by max_tokens only"),
+    ("modalities", &[r#"["text"]"#], "the server generates text only"),
+    ("audio", &[], "the server generates text only"),
+    ("prediction", &[], "the server takes no predicted output"),
+    ("web_search_options", &[], "the server does not search the web"),
+    ("cache_prompt", &["true"], "the server always reuses a cached prompt prefix"),
+    ("mirostat", &["0"], "the sampler chain has no mirostat"),
+    ("mirostat_tau", &["5"], "the sampler chain has no mirostat"),
+    ("mirostat_eta", &["0.1"], "the sampler chain has no mirostat"),
+    ("typical_p", &["1"], "the sampler chain has no locally typical sampling"),
+    ("dry_multiplier", &["0"], "the sampler chain has no DRY"),
+    ("dry_base", &["1.75"], "the sampler chain has no DRY"),
+    ("dry_allowed_length", &["2"], "the sampler chain has no DRY"),
+    ("dry_penalty_last_n", &["-1"], "the sampler chain has no DRY"),
+    ("dry_sequence_breakers", &[r#"["\n", ":", "\"", "*"]"#], "the sampler chain has no DRY"),
+    ("xtc_probability", &["0"], "the sampler chain has no XTC"),
+    ("xtc_threshold", &["0.1"], "the sampler chain has no XTC"),
+    ("top_n_sigma", &["-1"], "the sampler chain has no top-n-sigma"),
+    ("dynatemp_range", &["0"], "the sampler chain has no dynamic temperature"),
+    ("dynatemp_exponent", &["1"], "the sampler chain has no dynamic temperature"),
+    ("min_keep", &["0"], "the sampler chain's filters keep no minimum"),
 ];
+// ANCHOR_END: unsupported
+
+/// Chapter 4's sampler chain by llama-server's names for its stages, in its order: what
+/// `samplers` must name. llama-server's other stages ([`STAGES_OFF`]) may be listed too.
+pub const CHAIN: [&str; 5] = ["penalties", "top_k", "top_p", "min_p", "temperature"];
+
+/// llama-server's stages the chain lacks: listing them in `samplers` asks for nothing, since
+/// their settings are accepted only at values that leave them off ([`UNSUPPORTED`]).
+pub const STAGES_OFF: [&str; 4] = ["dry", "top_n_sigma", "typ_p", "xtc"];
+
+/// llama-server's one-letter names of the stages, for `samplers` given as a string ("ekpmt").
+const STAGE_LETTERS: [(char, &str); 9] = [
+    ('e', "penalties"),
+    ('k', "top_k"),
+    ('p', "top_p"),
+    ('m', "min_p"),
+    ('t', "temperature"),
+    ('d', "dry"),
+    ('s', "top_n_sigma"),
+    ('y', "typ_p"),
+    ('x', "xtc"),
+];
+
+/// A field's value, read as `T` when the request is checked ([`Sampling::params`]) rather than
+/// when its body is parsed: a value of the wrong type (`"abc"`, or `-1` or 2⁶⁴ for a count)
+/// is then a 400 that names the field, where serde's error would give a line and a column.
+#[derive(Debug, Clone)]
+pub struct Field<T>(Result<T, String>);
+
+impl<T: DeserializeOwned> Field<T> {
+    /// `v` read as `T`, or why it cannot be (at most a line of it: [`echo`]).
+    pub fn of(v: Value) -> Field<T> {
+        Field(T::deserialize(v).map_err(|e| {
+            let m = e.to_string();
+            match m.rsplit_once(", expected ") {
+                Some((got, want)) => format!("{}, expected {want}", echo(got)),
+                None => echo(&m),
+            }
+        }))
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Field<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Field<T>, D::Error> {
+        Value::deserialize(d).map(Field::of)
+    }
+}
+
+/// The value of the field `name`: `None` where absent or null, a 400 naming it where it is not
+/// a `T`.
+fn read<'a, T>(name: &'static str, field: &'a Option<Field<T>>) -> Result<Option<&'a T>, ApiError> {
+    match field {
+        None => Ok(None),
+        Some(Field(Ok(v))) => Ok(Some(v)),
+        Some(Field(Err(e))) => Err(ApiError::invalid(
+            name,
+            format!("`{name}` is not valid: {e}"),
+        )),
+    }
+}
+
+// ANCHOR: cancel
+/// Set when the request it belongs to is given up — its client disconnected, its time ran
+/// out, or the server is shutting down — so that work done for it on another thread can stop
+/// early instead of finishing for nobody. Cloning shares the flag.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Give the request up.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the request has been given up.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+// ANCHOR_END: cancel
 
 // ANCHOR: formats
 /// What a request may ask of its output's form — OpenAI's `response_format`, llama-server's
@@ -98,11 +230,15 @@ pub const UNSUPPORTED: [(&str, &str); 6] = [
 /// or a richer one that a later chapter hands in.
 pub trait Formats: Send + Sync + std::fmt::Debug {
     /// The rule for a request with these fields (`None` where absent); `Ok(None)` for plain
-    /// text; a 400 naming the field for what cannot be done.
+    /// text; a 400 naming the field for what cannot be done. The server calls it on a
+    /// blocking thread, the request holding its place; work that can take long looks at
+    /// `cancel` now and then and gives up once it is set (the client left, or the request's
+    /// time ran out).
     fn rule(
         &self,
         response_format: Option<&RawValue>,
         grammar: Option<&Value>,
+        cancel: &Cancel,
     ) -> Result<Option<Arc<dyn MakeRule>>, ApiError>;
 
     /// Get ready for the model's vocabulary, once, when the server loads it (before any request
@@ -120,6 +256,7 @@ impl Formats for TextOnly {
         &self,
         response_format: Option<&RawValue>,
         grammar: Option<&Value>,
+        _: &Cancel,
     ) -> Result<Option<Arc<dyn MakeRule>>, ApiError> {
         let format: Option<Value> =
             response_format.and_then(|r| serde_json::from_str(r.get()).ok());
@@ -164,8 +301,8 @@ impl Guessing for NoGuessing {
 // ANCHOR_END: guessing
 
 /// `stop`: one string or a list.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub enum Stop {
     One(String),
     Many(Vec<String>),
@@ -359,9 +496,15 @@ impl CompletionRequest {
 impl Sampling {
     /// Chapter 4's parameters from the request, with llama-server's defaults for what it
     /// leaves out (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, a random seed) and no
-    /// token limit but the context's. Each value out of its domain is a 400 naming it.
+    /// token limit but the context's. A value of the wrong type or out of its domain, a field
+    /// the engine lacks at a value that asks for something, and an unknown field are each a
+    /// 400 naming the field.
     pub fn params(&self) -> Result<(GenParams, Option<usize>), ApiError> {
-        if let Some(n) = self.n
+        self.check_rest()?;
+        self.speculative()?;
+        self.check_samplers()?;
+        read("prompt_cache_key", &self.prompt_cache_key)?;
+        if let Some(&n) = read("n", &self.n)?
             && n != 1
         {
             return Err(ApiError::invalid(
@@ -369,55 +512,12 @@ impl Sampling {
                 format!("`n` is {n}; this server makes one choice per request (n = 1)"),
             ));
         }
+        let max_tokens = read("max_tokens", &self.max_tokens)?.copied();
+        let max_completion_tokens =
+            read("max_completion_tokens", &self.max_completion_tokens)?.copied();
         for (name, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if v.is_some_and(|v| v != 0.0) {
-                return Err(ApiError::invalid(
-                    name,
-                    format!("`{name}` is not supported (use repeat_penalty)"),
-                ));
-            }
-        }
-        if self
-            .logprobs
-            .as_ref()
-            .is_some_and(|v| v != &json!(false) && !v.is_null())
-        {
-            return Err(ApiError::invalid("logprobs", "`logprobs` is not supported"));
-        }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::invalid("tools", "`tools` is not supported"));
-        }
-        let given = [
-            &self.tool_choice,
-            &self.parallel_tool_calls,
-            &self.logit_bias,
-            &self.top_logprobs,
-            &self.best_of,
-            &self.user,
-        ];
-        for ((name, harmless), v) in UNSUPPORTED.into_iter().zip(given) {
-            let asks_nothing = match (name, v) {
-                (_, None | Some(Value::Null)) => true,
-                ("tool_choice", Some(v)) => *v == "none",
-                ("parallel_tool_calls", Some(v)) => v == &json!(false),
-                ("logit_bias", Some(v)) => v.as_object().is_some_and(|m| m.is_empty()),
-                ("top_logprobs", Some(v)) => v == &json!(0),
-                ("best_of", Some(v)) => v == &json!(1),
-                _ => false,
-            };
-            if !asks_nothing {
-                return Err(ApiError::invalid(
-                    name,
-                    format!("`{name}` is not supported (this server accepts only {harmless})"),
-                ));
-            }
-        }
-        for (name, v) in [
-            ("max_tokens", self.max_tokens),
-            ("max_completion_tokens", self.max_completion_tokens),
+            ("max_tokens", max_tokens),
+            ("max_completion_tokens", max_completion_tokens),
         ] {
             if let Some(n) = v
                 && n < 1
@@ -428,7 +528,8 @@ impl Sampling {
                 ));
             }
         }
-        if let Some(t) = self.temperature
+        let temperature = read("temperature", &self.temperature)?.copied();
+        if let Some(t) = temperature
             && !(0.0..=MAX_TEMPERATURE).contains(&t)
         {
             return Err(ApiError::invalid(
@@ -437,19 +538,32 @@ impl Sampling {
             ));
         }
         let d = SamplerParams::default();
-        let top_k = match self.top_k {
+        let top_k = match read("top_k", &self.top_k)?.copied() {
             None => d.top_k,
             Some(k) if k <= 0 => 0, // llama-server: 0 or less keeps every token
             Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
         };
+        let repeat_last_n = match read("repeat_last_n", &self.repeat_last_n)?.copied() {
+            None => d.repeat_last_n,
+            Some(-1) => usize::MAX, // llama-server: the whole context, all a request has
+            Some(n) => usize::try_from(n).map_err(|_| {
+                ApiError::invalid(
+                    "repeat_last_n",
+                    format!("`repeat_last_n` is {n}; it must be 0 or more, or -1 (all tokens)"),
+                )
+            })?,
+        };
         let sampler = SamplerParams {
-            temp: self.temperature.unwrap_or(d.temp),
+            temp: temperature.unwrap_or(d.temp),
             top_k,
-            top_p: self.top_p.unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            repeat_last_n: d.repeat_last_n,
-            seed: self.seed.unwrap_or_else(random_seed),
+            top_p: read("top_p", &self.top_p)?.copied().unwrap_or(d.top_p),
+            min_p: read("min_p", &self.min_p)?.copied().unwrap_or(d.min_p),
+            repeat_penalty: (read("repeat_penalty", &self.repeat_penalty)?.copied())
+                .unwrap_or(d.repeat_penalty),
+            repeat_last_n,
+            seed: read("seed", &self.seed)?
+                .copied()
+                .unwrap_or_else(random_seed),
         };
         if let Err(e) = sampler.validate() {
             let field = if e.name == "temp" {
@@ -462,7 +576,7 @@ impl Sampling {
                 format!("`{field}` is {}; it must be {}", e.value, e.domain),
             ));
         }
-        let stop = match &self.stop {
+        let stop = match read("stop", &self.stop)? {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) => v.clone(),
@@ -486,17 +600,193 @@ impl Sampling {
             ));
         }
         let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
-        let max_tokens = self
-            .max_completion_tokens
-            .or(self.max_tokens)
+        let ignore_eos = read("ignore_eos", &self.ignore_eos)?.copied() == Some(true);
+        if ignore_eos && self.asks_form() {
+            return Err(ApiError::invalid(
+                "ignore_eos",
+                "`ignore_eos` cannot be combined with `response_format` or `grammar`: an output \
+                 of a given form ends where the form does",
+            ));
+        }
+        let max_tokens = max_completion_tokens
+            .or(max_tokens)
             .and_then(|n| usize::try_from(n).ok());
         let params = GenParams {
             max_tokens: max_tokens.unwrap_or(usize::MAX),
             sampler,
             stop,
-            rule: None,
+            rule: ignore_eos.then(|| Arc::new(IgnoreEos) as Arc<dyn MakeRule>),
         };
         Ok((params, max_tokens))
+    }
+
+    /// This request's `speculative.n_max`, for [`Guessing::proposer`] (checked by
+    /// [`Sampling::params`]).
+    pub fn speculative_n_max(&self) -> Option<u64> {
+        self.speculative().ok().and_then(|(n_max, _)| n_max)
+    }
+
+    /// This request's `speculative.n_min`, for [`Guessing::proposer`] (checked by
+    /// [`Sampling::params`]).
+    pub fn speculative_n_min(&self) -> Option<u64> {
+        self.speculative().ok().and_then(|(_, n_min)| n_min)
+    }
+
+    /// `speculative.n_max` and `speculative.n_min`, each given as llama-server's field or
+    /// inside the `speculative` object; `speculative.p_min` must be 0.
+    fn speculative(&self) -> Result<(Option<u64>, Option<u64>), ApiError> {
+        const KEYS: [&str; 3] = ["n_max", "n_min", "p_min"];
+        let none = Map::new();
+        let inside = read("speculative", &self.speculative)?.unwrap_or(&none);
+        if let Some(k) = inside.keys().find(|k| !KEYS.contains(&k.as_str())) {
+            return Err(ApiError::invalid(
+                "speculative",
+                format!(
+                    "`speculative.{}` is not a field; `speculative` holds {}",
+                    echo(k),
+                    KEYS.join(", ")
+                ),
+            ));
+        }
+        let n_max = one_way(
+            "speculative.n_max",
+            &self.speculative_n_max,
+            inside.get("n_max"),
+        )?;
+        let n_min = one_way(
+            "speculative.n_min",
+            &self.speculative_n_min,
+            inside.get("n_min"),
+        )?;
+        let p_min = one_way(
+            "speculative.p_min",
+            &self.speculative_p_min,
+            inside.get("p_min"),
+        )?;
+        if let Some(p) = p_min
+            && p != 0.0
+        {
+            return Err(ApiError::invalid(
+                "speculative.p_min",
+                format!(
+                    "`speculative.p_min` is {p}; this server accepts only 0: a request's guesses \
+                     are a number of tokens, not held to a probability"
+                ),
+            ));
+        }
+        Ok((n_max, n_min))
+    }
+
+    /// The fields in [`Sampling::rest`]: an unknown one is refused in OpenAI's words, one of
+    /// [`UNSUPPORTED`] unless it asks for nothing.
+    fn check_rest(&self) -> Result<(), ApiError> {
+        let known = |k: &str| UNSUPPORTED.iter().any(|&(field, ..)| field == k);
+        let unknown: Vec<&str> = (self.rest.keys().map(String::as_str))
+            .filter(|k| !known(k))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(ApiError::unrecognized(&unknown));
+        }
+        for &(field, accepts, why) in UNSUPPORTED {
+            let Some(v) = self.rest.get(field) else {
+                continue;
+            };
+            if !v.is_null() && !accepts.iter().any(|a| is_value(v, a)) {
+                let accepted = match accepts {
+                    [] => "it only absent or null".to_string(),
+                    _ => format!("only {}", accepts.join(" or ")),
+                };
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` is not supported: {why} (this server accepts {accepted})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `samplers` — a list of llama-server's names of stages, or a string of their letters —
+    /// must name [`CHAIN`] in its order, with any of [`STAGES_OFF`] among them: the chain's
+    /// stages can be neither left out nor reordered.
+    fn check_samplers(&self) -> Result<(), ApiError> {
+        let refuse = |m: String| ApiError::invalid("samplers", m);
+        let names: Vec<String> = match &self.samplers {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::String(s)) => (s.chars())
+                .map(|c| match STAGE_LETTERS.iter().find(|&&(l, _)| l == c) {
+                    Some((_, name)) => name.to_string(),
+                    None => c.to_string(),
+                })
+                .collect(),
+            Some(Value::Array(list)) if list.iter().all(Value::is_string) => (list.iter())
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect(),
+            Some(_) => {
+                return Err(refuse(
+                    "`samplers` must be a list of names of stages, or a string of their letters"
+                        .into(),
+                ));
+            }
+        };
+        if let Some(other) = (names.iter())
+            .find(|n| !CHAIN.contains(&n.as_str()) && !STAGES_OFF.contains(&n.as_str()))
+        {
+            return Err(refuse(format!(
+                "`samplers` names {:?}, a stage this server does not have; its chain is {}",
+                echo(other),
+                CHAIN.join(", ")
+            )));
+        }
+        let chain: Vec<&str> = (names.iter().map(String::as_str))
+            .filter(|n| CHAIN.contains(n))
+            .collect();
+        if chain != CHAIN {
+            return Err(refuse(format!(
+                "`samplers` orders the chain's stages as [{}]; this server's chain is fixed: \
+                 {}, each once and in that order",
+                echo(&chain.join(", ")),
+                CHAIN.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the request asks its output to take a form ([`Formats`]): a `grammar`, or a
+    /// `response_format` other than text.
+    fn asks_form(&self) -> bool {
+        let format = self.response_format.as_ref().filter(|f| !f.is_null());
+        self.grammar.as_ref().is_some_and(|g| !g.is_null())
+            || format.is_some_and(|f| f.get("type") != Some(&json!("text")))
+    }
+}
+
+/// The field `name` (`speculative.n_max`, say) given as a field (`flat`) or inside the
+/// `speculative` object (`inside`), not both.
+fn one_way<T: DeserializeOwned + Clone>(
+    name: &'static str,
+    flat: &Option<Field<T>>,
+    inside: Option<&Value>,
+) -> Result<Option<T>, ApiError> {
+    let inside = inside
+        .filter(|v| !v.is_null())
+        .map(|v| Field::of(v.clone()));
+    if flat.is_some() && inside.is_some() {
+        return Err(ApiError::invalid(
+            name,
+            format!("`{name}` is given twice, as a field and inside `speculative`; give it once"),
+        ));
+    }
+    Ok(read(name, if flat.is_some() { flat } else { &inside })?.cloned())
+}
+
+/// Whether `v` is the value written `text` in [`UNSUPPORTED`]. Numbers are compared as f32s:
+/// llama-server reports its settings as f32s (0.1 as 0.10000000149011612), and a client may
+/// send back what it reported.
+fn is_value(v: &Value, text: &str) -> bool {
+    let want: Value = serde_json::from_str(text).expect("UNSUPPORTED holds JSON");
+    match (v.as_f64(), want.as_f64()) {
+        (Some(a), Some(b)) => a as f32 == b as f32,
+        _ => *v == want,
     }
 }
 
@@ -673,6 +963,25 @@ impl ApiError {
         }
     }
 
+    /// Fields the server does not know: 400 in OpenAI's words, naming them (a few, each at
+    /// most a line; OpenAI's `param` is null here too).
+    pub fn unrecognized(names: &[&str]) -> ApiError {
+        const SHOWN: usize = 8;
+        let mut list: Vec<String> = names.iter().take(SHOWN).map(|n| echo(n)).collect();
+        if names.len() > SHOWN {
+            list.push(format!("and {} more", names.len() - SHOWN));
+        }
+        let s = if names.len() == 1 { "" } else { "s" };
+        ApiError::new(
+            400,
+            "invalid_request_error",
+            format!(
+                "Unrecognized request argument{s} supplied: {}",
+                list.join(", ")
+            ),
+        )
+    }
+
     /// A body that is not the JSON the endpoint reads: 400.
     pub fn bad_json(e: &serde_json::Error) -> ApiError {
         ApiError::new(
@@ -782,6 +1091,20 @@ impl ApiError {
         }
     }
 
+    /// The server shut down before the request finished (its drain limit was reached): 503,
+    /// to be sent again elsewhere. Not a finish reason: the text is cut short, not complete.
+    pub fn ended_by_shutdown() -> ApiError {
+        ApiError {
+            code: Some("shutting_down"),
+            retry_after: Some(1),
+            ..ApiError::new(
+                503,
+                "unavailable_error",
+                "the server shut down before the request finished; send it again",
+            )
+        }
+    }
+
     /// No such endpoint: 404.
     pub fn not_found(path: &str) -> ApiError {
         ApiError::new(
@@ -869,31 +1192,65 @@ mod tests {
             (None, Some(json!("root ::= \"a\"")), "grammar"),
         ] {
             let e = TextOnly
-                .rule(format.as_deref(), grammar.as_ref())
+                .rule(format.as_deref(), grammar.as_ref(), &Cancel::default())
                 .unwrap_err();
             assert_eq!((e.status, e.param), (400, Some(field)), "{}", e.message);
         }
         let text = raw(r#"{"type": "text"}"#);
         assert!(matches!(
-            TextOnly.rule(Some(&text), Some(&Value::Null)),
+            TextOnly.rule(Some(&text), Some(&Value::Null), &Cancel::default()),
             Ok(None)
         ));
+        // OpenAI's fields, and llama-server's samplers the chain lacks, at values that ask for
+        // something: each refused by name.
         for (field, value) in [
             ("tool_choice", json!("auto")),
             ("parallel_tool_calls", json!(true)),
             ("logit_bias", json!({"50256": -100})),
+            ("logprobs", json!(true)),
             ("top_logprobs", json!(2)),
             ("best_of", json!(3)),
             ("user", json!("someone")),
+            ("presence_penalty", json!(0.5)),
+            ("tools", json!([{"type": "function"}])),
+            ("store", json!(true)),
+            ("metadata", json!({"k": "v"})),
+            ("service_tier", json!("flex")),
+            ("reasoning_effort", json!("low")),
+            ("modalities", json!(["text", "audio"])),
+            ("prediction", json!({"type": "content", "content": "x"})),
+            ("audio", json!({"voice": "alloy"})),
+            ("web_search_options", json!({})),
+            ("mirostat", json!(2)),
+            ("mirostat_tau", json!(3.0)),
+            ("mirostat_eta", json!(0.5)),
+            ("typical_p", json!(0.9)),
+            ("dry_multiplier", json!(0.8)),
+            ("dry_base", json!(2)),
+            ("dry_allowed_length", json!(3)),
+            ("dry_penalty_last_n", json!(64)),
+            ("dry_sequence_breakers", json!(["\n"])),
+            ("xtc_probability", json!(0.5)),
+            ("xtc_threshold", json!(0.2)),
+            ("n_probs", json!(5)),
+            ("cache_prompt", json!(false)),
         ] {
             let e = sampling(json!({ field: value })).unwrap_err();
             assert_eq!((e.status, e.param), (400, Some(field)), "{}", e.message);
             assert!(e.message.contains(field), "{}", e.message);
         }
-        // What asks for nothing is accepted: the values clients send by default.
+        // What asks for nothing is accepted: the values clients send by default, and
+        // llama-server's settings as it reports them (f32s).
         let harmless = json!({"tool_choice": "none",
             "parallel_tool_calls": false, "logit_bias": {}, "top_logprobs": 0, "best_of": 1,
-            "user": null});
+            "user": null, "logprobs": false, "presence_penalty": 0, "frequency_penalty": 0.0,
+            "tools": [], "store": false, "metadata": {}, "service_tier": "auto",
+            "modalities": ["text"], "mirostat": 0, "mirostat_tau": 5.0,
+            "mirostat_eta": 0.10000000149011612, "typical_p": 1.0, "dry_multiplier": 0,
+            "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+            "dry_sequence_breakers": ["\n", ":", "\"", "*"], "xtc_probability": 0,
+            "xtc_threshold": 0.1, "n_probs": 0, "cache_prompt": true, "audio": null,
+            "prompt_cache_key": "tenant-7"});
         assert!(sampling(harmless).is_ok());
         for (field, value) in [
             ("max_tokens", json!(-5)),
@@ -907,6 +1264,259 @@ mod tests {
             assert_eq!((e.status, e.param), (400, Some(field)), "{field} {value}");
         }
         assert!(sampling(json!({"temperature": 2, "max_tokens": 1})).is_ok());
+    }
+
+    #[test]
+    fn every_field_of_unsupported_takes_what_asks_nothing_and_refuses_the_rest() {
+        for &(field, accepts, why) in UNSUPPORTED {
+            assert!(sampling(json!({ field: null })).is_ok(), "{field} null");
+            for text in accepts {
+                let v: Value = serde_json::from_str(text).unwrap();
+                assert!(sampling(json!({ field: v })).is_ok(), "{field} {text}");
+            }
+            let e = sampling(json!({ field: 7 })).unwrap_err();
+            assert_eq!(e.param, Some(field), "{}", e.message);
+            assert!(e.message.contains(why), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_in_openais_words() {
+        let e = sampling(json!({"foo": 1, "temperature": 0})).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.message, "Unrecognized request argument supplied: foo");
+        let e = sampling(json!({"foo": 1, "bar": null})).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("Unrecognized request arguments supplied: ")
+        );
+        assert!(
+            e.message.contains("foo") && e.message.contains("bar"),
+            "{}",
+            e.message
+        );
+        // Through the endpoints' requests, which flatten `Sampling`: their own fields, and those
+        // the server reads beside `params`, stay known; another endpoint's field does not.
+        let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "model": "m",
+            "stream": true, "stream_options": {"include_usage": true},
+            "response_format": {"type": "text"}, "grammar": null, "max_completion_tokens": 5,
+            "speculative.n_max": 2});
+        let r: ChatRequest = serde_json::from_value(chat.clone()).unwrap();
+        let (p, asked) = r.sampling.params().unwrap();
+        assert_eq!((p.max_tokens, asked), (5, Some(5)));
+        let mut with_prompt = chat;
+        with_prompt["prompt"] = json!("Hi");
+        let r: ChatRequest = serde_json::from_value(with_prompt).unwrap();
+        let e = r.sampling.params().unwrap_err();
+        assert_eq!(e.message, "Unrecognized request argument supplied: prompt");
+        let r: CompletionRequest = serde_json::from_value(json!({"prompt": "Hi", "echo": false,
+            "suffix": null, "seed": 3, "stop": ["\n"]}))
+        .unwrap();
+        assert!(r.sampling.params().is_ok());
+        let r: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "Hi", "messages": []})).unwrap();
+        assert!(
+            r.sampling
+                .params()
+                .unwrap_err()
+                .message
+                .ends_with(": messages")
+        );
+        // A body of many unknown fields gets a line, not all of them.
+        let many: Map<String, Value> = (0..1000).map(|i| (format!("f{i}"), json!(1))).collect();
+        let e = sampling(Value::Object(many)).unwrap_err();
+        assert!(
+            e.message.len() < 200 && e.message.contains("992 more"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_is_a_400_naming_its_field() {
+        let two_to_64: Value = serde_json::from_str("18446744073709551616").unwrap();
+        for (field, value) in [
+            ("max_tokens", two_to_64.clone()),
+            ("max_tokens", json!("abc")),
+            ("max_tokens", json!(1.5)),
+            ("seed", json!(-1)),
+            ("seed", two_to_64.clone()),
+            ("n", json!(-1)),
+            ("top_k", json!([])),
+            ("temperature", json!("hot")),
+            ("stop", json!(5)),
+            ("ignore_eos", json!("yes")),
+            ("repeat_last_n", json!(-2)),
+            ("prompt_cache_key", json!(5)),
+            ("speculative.n_max", json!("abc")),
+            ("speculative.n_max", json!(-1)),
+            ("speculative.n_max", two_to_64),
+            ("speculative.n_max", json!([])),
+            ("speculative.n_min", json!(0.5)),
+            ("speculative.p_min", json!("x")),
+        ] {
+            let e = sampling(json!({ field: value })).unwrap_err();
+            assert_eq!(
+                (e.status, e.param),
+                (400, Some(field)),
+                "{value}: {}",
+                e.message
+            );
+            assert!(e.message.contains(field), "{}", e.message);
+        }
+        let e = sampling(json!({"stop": 5})).unwrap_err();
+        assert!(
+            e.message.contains("a string or a list of strings"),
+            "{}",
+            e.message
+        );
+        // The same through an endpoint's request, whose flattened fields serde buffers.
+        let r: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "x", "seed": -1})).unwrap();
+        assert_eq!(r.sampling.params().unwrap_err().param, Some("seed"));
+        // A long string is repeated only in part.
+        let e = sampling(json!({"temperature": "x".repeat(10_000)})).unwrap_err();
+        assert!(
+            e.message.len() < 200 && e.message.contains("expected f32"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn speculative_limits_come_from_llama_servers_fields_or_the_object() {
+        let limits = |v: Value| {
+            let s: Sampling = serde_json::from_value(v).unwrap();
+            s.params()
+                .map(|_| (s.speculative_n_max(), s.speculative_n_min()))
+        };
+        assert_eq!(limits(json!({})).unwrap(), (None, None));
+        assert_eq!(
+            limits(json!({"speculative.n_max": 3, "speculative.n_min": 1})).unwrap(),
+            (Some(3), Some(1))
+        );
+        assert_eq!(
+            limits(json!({"speculative": {"n_max": 0}})).unwrap(),
+            (Some(0), None)
+        );
+        let all = json!({"speculative": {"n_max": 0, "n_min": 0, "p_min": 0}});
+        assert_eq!(limits(all).unwrap(), (Some(0), Some(0)));
+        // One form given null, the other a value: the value.
+        let v = json!({"speculative.n_max": null, "speculative": {"n_max": 2, "n_min": null}});
+        assert_eq!(limits(v).unwrap(), (Some(2), None));
+        for (v, field) in [
+            (json!({"speculative": "abc"}), "speculative"),
+            (json!({"speculative": -1}), "speculative"),
+            (json!({"speculative": []}), "speculative"),
+            (json!({"speculative": 5}), "speculative"),
+            (
+                json!({"speculative": {"n_max": 1, "foo": 2}}),
+                "speculative",
+            ),
+            (
+                json!({"speculative": {"n_max": "abc"}}),
+                "speculative.n_max",
+            ),
+            (json!({"speculative": {"n_max": -1}}), "speculative.n_max"),
+            (json!({"speculative": {"n_min": 1.5}}), "speculative.n_min"),
+            (json!({"speculative": {"p_min": "x"}}), "speculative.p_min"),
+            (json!({"speculative": {"p_min": 0.75}}), "speculative.p_min"),
+            (json!({"speculative.p_min": 0.5}), "speculative.p_min"),
+            (
+                json!({"speculative.n_max": 1, "speculative": {"n_max": 1}}),
+                "speculative.n_max",
+            ),
+            (
+                json!({"speculative.n_min": 1, "speculative": {"n_min": 2}}),
+                "speculative.n_min",
+            ),
+        ] {
+            let e = limits(v.clone()).unwrap_err();
+            assert_eq!(
+                (e.status, e.param),
+                (400, Some(field)),
+                "{v}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn ignore_eos_and_repeat_last_n_reach_the_sampler() {
+        let (p, _) = sampling(json!({})).unwrap();
+        assert!(p.rule.is_none());
+        assert_eq!(
+            p.sampler.repeat_last_n,
+            SamplerParams::default().repeat_last_n
+        );
+        let (p, _) = sampling(json!({"ignore_eos": true, "repeat_last_n": 0})).unwrap();
+        assert_eq!(format!("{:?}", p.rule), "Some(IgnoreEos)");
+        assert_eq!(p.sampler.repeat_last_n, 0);
+        let (p, _) = sampling(json!({"ignore_eos": false, "repeat_last_n": -1})).unwrap();
+        assert!(p.rule.is_none());
+        assert_eq!(p.sampler.repeat_last_n, usize::MAX);
+        let (p, _) =
+            sampling(json!({"ignore_eos": true, "response_format": {"type": "text"}})).unwrap();
+        assert!(p.rule.is_some());
+        // A form's output ends where the form does: the two cannot be asked for together.
+        for form in [
+            json!({"grammar": "root ::= \"a\""}),
+            json!({"response_format": {"type": "json_object"}}),
+        ] {
+            let mut v = form;
+            v["ignore_eos"] = json!(true);
+            assert_eq!(sampling(v).unwrap_err().param, Some("ignore_eos"));
+        }
+    }
+
+    #[test]
+    fn samplers_must_name_the_chain_as_it_is() {
+        for ok in [
+            json!(CHAIN),
+            // llama-server's default, with the stages this chain lacks (and leaves off).
+            json!([
+                "penalties",
+                "dry",
+                "top_n_sigma",
+                "top_k",
+                "typ_p",
+                "top_p",
+                "min_p",
+                "xtc",
+                "temperature"
+            ]),
+            json!("edskypmxt"),
+            json!("ekpmt"),
+            Value::Null,
+        ] {
+            assert!(sampling(json!({ "samplers": ok })).is_ok(), "{ok}");
+        }
+        for bad in [
+            json!(["top_k", "temperature"]),
+            json!(["temperature", "top_k", "top_p", "min_p", "penalties"]),
+            json!([
+                "penalties",
+                "top_k",
+                "top_k",
+                "top_p",
+                "min_p",
+                "temperature"
+            ]),
+            json!([
+                "penalties",
+                "top_k",
+                "top_p",
+                "min_p",
+                "temperature",
+                "mirostat"
+            ]),
+            json!("ekpmtz"),
+            json!(5),
+            json!([1, 2]),
+        ] {
+            let e = sampling(json!({ "samplers": bad })).unwrap_err();
+            assert_eq!(e.param, Some("samplers"), "{bad}: {}", e.message);
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub mod api;
 pub mod server;
 pub mod worker;
 
-pub use api::{Formats, Guessing, NoGuessing, TextOnly};
+pub use api::{Cancel, Formats, Guessing, NoGuessing, TextOnly};
 use ch10::engine::BLOCK_SIZE;
 pub use server::{AppState, Limits, Loaded, Tenant};
 use std::error::Error;
@@ -119,9 +119,10 @@ impl Default for ServeArgs {
 impl ServeArgs {
     /// Refuse flags that cannot work, before anything loads.
     pub fn check(&self) -> Result<(), String> {
+        // Chapter 4's bound: 0 threads, or so many that starting them would fail, is refused.
+        cli::check_threads(self.threads)?;
         let positive = [
             ("--parallel", self.parallel),
-            ("--threads", self.threads),
             ("--batch-tokens", self.batch_tokens),
             ("--body-limit", self.body_limit),
             ("--timeout", self.timeout as usize),

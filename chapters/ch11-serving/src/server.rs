@@ -9,8 +9,8 @@
 //! stream is dropped — which is what happens when a client disconnects.
 
 use crate::api::{
-    ApiError, ChatRequest, CompletionRequest, Endpoint, Formats, Guessing, Head, Prompt, Sampling,
-    Usage,
+    ApiError, Cancel, ChatRequest, CompletionRequest, Endpoint, Formats, Guessing, Head, Prompt,
+    Sampling, Usage,
 };
 use crate::worker::{Event, Job, Ticket, Worker};
 use axum::Router;
@@ -119,7 +119,11 @@ pub struct AppState {
     pub loaded: OnceLock<Loaded>,
     in_flight: AtomicUsize,
     preparing: Arc<Semaphore>,
+    /// Turns of the requests' output forms to be compiled ([`Place::form`]).
+    compiling: Arc<Semaphore>,
+    /// Whether the server drains: a flag, and a channel that requests being prepared wait on.
     draining: AtomicBool,
+    drained: tokio::sync::watch::Sender<bool>,
     next_response: AtomicU64,
     started: u64,
 }
@@ -142,10 +146,12 @@ impl AppState {
     pub fn new(limits: Limits) -> Arc<AppState> {
         Arc::new(AppState {
             preparing: Arc::new(Semaphore::new(limits.preparing.max(1))),
+            compiling: Arc::new(Semaphore::new(limits.preparing.max(1))),
             limits,
             loaded: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
+            drained: tokio::sync::watch::Sender::new(false),
             next_response: AtomicU64::new(0),
             started: unix_now(),
         })
@@ -156,9 +162,12 @@ impl AppState {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    /// Take no new requests (each is a 503 `shutting_down`); those already in go on.
+    /// Take no new requests (each is a 503 `shutting_down`), and give up those still being
+    /// prepared (also a 503: they would not be let in once ready); those already submitted go
+    /// on.
     pub fn drain(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.drained.send_replace(true);
     }
 
     pub fn is_draining(&self) -> bool {
@@ -242,6 +251,7 @@ pub fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
 // ANCHOR: admit
 /// What is refused from the headers alone, before a byte of the body is read:
 /// - an HTTP/1.1 request without `Host` (RFC 9112 §3.2 says 400);
+/// - a transfer coding other than `chunked` (501, [`unknown_transfer_coding`]);
 /// - a POST whose body is not declared `application/json` (415): a web page can make a
 ///   browser send a "simple" cross-origin POST — `text/plain`, a form — to a server on the
 ///   same machine without asking it first, and only JSON is worth reading here;
@@ -255,6 +265,9 @@ async fn admit(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Resp
             "an HTTP/1.1 request must have a Host header",
         )
         .into_response();
+    }
+    if let Some(refused) = unknown_transfer_coding(req.headers()) {
+        return refused;
     }
     if req.method() == Method::POST {
         if !is_json(req.headers()) {
@@ -299,6 +312,31 @@ async fn admit(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Resp
 const LINGER_BYTES: usize = 1 << 20;
 /// The longest time spent reading a body that will be refused.
 const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// A 501 for a transfer coding other than `chunked` in `Transfer-Encoding`. HTTP/1.1's
+/// parser (hyper's) frames the body by a final `chunked` and passes any coding before it on
+/// untouched: `gzip, chunked` would hand gzip's bytes to the JSON parser. RFC 9112 §6.1: a
+/// server that receives a transfer coding it does not understand should answer 501.
+fn unknown_transfer_coding(headers: &HeaderMap) -> Option<Response> {
+    let mut codings = Vec::new();
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        codings.extend(value.split(',').map(|c| c.trim().to_string()));
+    }
+    // RFC 9110 §5.6.1: empty elements of a list are ignored.
+    let coding = codings
+        .into_iter()
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))?;
+    let message = format!(
+        "Transfer-Encoding {:?}: this server decodes only `chunked`",
+        crate::api::echo(&coding)
+    );
+    let mut r = ApiError::new(501, "invalid_request_error", message).into_response();
+    // The body's framing is not understood: the connection cannot be read any further.
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(r)
+}
 
 /// Whether `Content-Type` is `application/json` (parameters such as `charset` allowed).
 fn is_json(headers: &HeaderMap) -> bool {
@@ -441,6 +479,7 @@ async fn chat(
     body: Body,
 ) -> Response {
     let run = async {
+        let deadline = Instant::now() + s.limits.timeout;
         let l = s.loaded.get().ok_or_else(ApiError::loading)?;
         // Reading, parsing and tokenizing take turns (`Limits::preparing`).
         let turn = match turn {
@@ -450,7 +489,6 @@ async fn chat(
         let (req, body): (ChatRequest, _) = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
         let (mut params, asked) = req.sampling.params()?;
-        params.rule = form(l, &body, &req.sampling)?;
         let messages = req.messages()?;
         check_text_bytes(
             l,
@@ -463,49 +501,75 @@ async fn chat(
                 "the model file has no chat template; use /v1/completions",
             ));
         }
+        // From here on the request holds a place: what is done for it counts.
+        let place = Place::take(&s, l)?;
         // Rendering and tokenizing a long conversation takes milliseconds: off the runtime.
         let engine = Arc::clone(&l.engine);
-        let prompt = tokio::task::spawn_blocking(move || encode_chat(&engine, &messages))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))??;
+        let prompt = place
+            .prepare(deadline, None, move |_| encode_chat(&engine, &messages))
+            .await?;
         turn.done();
+        // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
+        let form = place.form(&s, l, body, &req.sampling, deadline).await?;
+        params.rule = form.or(params.rule.take());
         let mut request =
             Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
         request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
         request.proposer = l.guessing.proposer(
-            req.sampling.speculative_n_max,
-            req.sampling.speculative_n_min,
+            req.sampling.speculative_n_max(),
+            req.sampling.speculative_n_min(),
         );
-        generate(&s, l, request).await
+        generate(&s, l, request, place, deadline).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
 // ANCHOR_END: chat
 
-/// The rule of a request's output form (`response_format`, `grammar`), from the server's
-/// [`Formats`], which get `response_format` as the text the client sent (`body`): a JSON
-/// schema's properties in their order. Compiling a grammar is bounded work (the formats'
-/// limits), done here.
-fn form(
-    l: &Loaded,
-    body: &[u8],
-    s: &Sampling,
-) -> Result<Option<Arc<dyn ch10::MakeRule>>, ApiError> {
-    #[derive(serde::Deserialize)]
-    struct Format<'a> {
-        #[serde(borrow, default)]
-        response_format: Option<&'a serde_json::value::RawValue>,
-    }
-    let raw = match s.response_format {
-        None | Some(Value::Null) => None,
-        Some(_) => {
-            serde_json::from_slice::<Format>(body)
-                .map_err(|e| ApiError::bad_json(&e))?
-                .response_format
+// ANCHOR: form
+impl Place {
+    /// The rule of the request's output form (`response_format`, `grammar`), from the
+    /// server's [`Formats`], which get `response_format` as the text the client sent (`body`):
+    /// a JSON schema's properties in their order. Compiling a grammar is work that grows with
+    /// its size: it runs as [`Place::prepare`] runs work, taking one of the turns that
+    /// compiles share ([`Limits::preparing`] of them), so that a request without a grammar
+    /// never waits behind one.
+    async fn form(
+        &self,
+        s: &AppState,
+        l: &Loaded,
+        body: Bytes,
+        sampling: &Sampling,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn ch10::MakeRule>>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Format<'a> {
+            #[serde(borrow, default)]
+            response_format: Option<&'a serde_json::value::RawValue>,
         }
-    };
-    l.formats.rule(raw, s.grammar.as_ref())
+        let asks = sampling
+            .response_format
+            .as_ref()
+            .is_some_and(|v| !v.is_null());
+        let grammar = sampling.grammar.clone();
+        if !asks && grammar.as_ref().is_none_or(Value::is_null) {
+            return Ok(None);
+        }
+        let formats = Arc::clone(&l.formats);
+        let compile = move |cancel: &Cancel| {
+            let raw = match asks {
+                false => None,
+                true => {
+                    serde_json::from_slice::<Format>(&body)
+                        .map_err(|e| ApiError::bad_json(&e))?
+                        .response_format
+                }
+            };
+            formats.rule(raw, grammar.as_ref(), cancel)
+        };
+        self.prepare(deadline, Some(&s.compiling), compile).await
+    }
 }
+// ANCHOR_END: form
 
 /// The conversation's token ids: the template's markers as control tokens, the messages'
 /// content as text (chapter 2's special-token rule).
@@ -526,6 +590,7 @@ async fn completions(
     body: Body,
 ) -> Response {
     let run = async {
+        let deadline = Instant::now() + s.limits.timeout;
         let l = s.loaded.get().ok_or_else(ApiError::loading)?;
         let turn = match turn {
             Some(Extension(t)) => t,
@@ -534,19 +599,24 @@ async fn completions(
         let (req, body): (CompletionRequest, _) = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
         let (mut params, asked) = req.sampling.params()?;
-        params.rule = form(l, &body, &req.sampling)?;
-        let prompt = match req.prompt()? {
+        let prompt = req.prompt()?;
+        if let Prompt::Text(text) = &prompt {
+            check_text_bytes(l, "prompt", text.len())?;
+        }
+        let place = Place::take(&s, l)?;
+        let prompt = match prompt {
             Prompt::Tokens(ids) => ids,
             Prompt::Text(text) => {
-                check_text_bytes(l, "prompt", text.len())?;
                 let engine = Arc::clone(&l.engine);
-                tokio::task::spawn_blocking(move || engine.tokenizer.encode(&text, true, true))
-                    .await
-                    .map_err(|e| ApiError::internal(e.to_string()))?
+                let tokenize = move |_: &Cancel| Ok(engine.tokenizer.encode(&text, true, true));
+                place.prepare(deadline, None, tokenize).await?
             }
             Prompt::Texts(_) => unreachable!("prompt() returns one text"),
         };
         turn.done();
+        // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
+        let form = place.form(&s, l, body, &req.sampling, deadline).await?;
+        params.rule = form.or(params.rule.take());
         // Token ids outside the vocabulary are refused by the scheduler's `submit` (a 400).
         let mut request = Generate::new(
             Endpoint::Completions,
@@ -558,25 +628,115 @@ async fn completions(
         );
         request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
         request.proposer = l.guessing.proposer(
-            req.sampling.speculative_n_max,
-            req.sampling.speculative_n_min,
+            req.sampling.speculative_n_max(),
+            req.sampling.speculative_n_min(),
         );
-        generate(&s, l, request).await
+        generate(&s, l, request, place, deadline).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// A place in the queue, and the request's ticket once it has one. Dropping it gives the place
-/// back and cancels the request if it has not ended.
+// ANCHOR: place
+/// A place among the requests in flight ([`Limits::max_in_flight`]), and the request's ticket
+/// once it has one. It is taken as soon as the body is parsed, so that everything done for the
+/// request from then on counts — compiling its output's form, tokenizing, waiting, running —
+/// and a flood is refused (503) before it costs work. Dropping it gives the place back, gives
+/// the request up ([`Cancel`]: work still being done for it stops), and cancels it on the
+/// engine thread if it has not ended: what happens when the client disconnects.
 struct Place {
     state: Arc<AppState>,
     worker: Worker,
     ticket: Option<Ticket>,
     ended: bool,
+    cancel: Cancel,
+}
+
+impl Place {
+    /// A place, or 503: the server is draining, or holds as many requests as it may.
+    fn take(s: &Arc<AppState>, l: &Loaded) -> Result<Place, ApiError> {
+        if s.is_draining() {
+            return Err(ApiError::shutting_down());
+        }
+        let max = s.limits.max_in_flight;
+        if s.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(ApiError::busy(max, s.limits.retry_after));
+        }
+        Ok(Place {
+            state: Arc::clone(s),
+            worker: l.worker.clone(),
+            ticket: None,
+            ended: false,
+            cancel: Cancel::default(),
+        })
+    }
+    // ANCHOR_END: place
+
+    // ANCHOR: prepare
+    /// Run `work` — tokenizing, compiling the output's form — on tokio's blocking threads, so
+    /// that the runtime's threads stay free for other requests, `/health` and the signals
+    /// however long it takes; with `turns`, once one of them is free (held until `work` has
+    /// returned, also when the request was given up before: its thread is busy until then).
+    /// It must be done by `deadline` (the request's time limit), and before the server
+    /// drains: else the request is given up, `work` is told to stop, and the answer is a 503.
+    async fn prepare<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        turns: Option<&Arc<Semaphore>>,
+        work: impl FnOnce(&Cancel) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let cancel = self.cancel.clone();
+        let run = async {
+            let turn = match turns {
+                Some(t) => Some(Arc::clone(t).acquire_owned().await.expect("never closed")),
+                None => None,
+            };
+            tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                work(&cancel)
+            })
+            .await
+        };
+        let mut draining = self.state.drained.subscribe();
+        let ready = tokio::select! {
+            ready = tokio::time::timeout_at(deadline.into(), run) => ready,
+            _ = draining.wait_for(|&d| d) => {
+                self.cancel.cancel();
+                return Err(ApiError::shutting_down());
+            }
+        };
+        match ready {
+            Ok(Ok(done)) => done,
+            // A blocking task is cancelled only when the runtime shuts down.
+            Ok(Err(e)) if e.is_cancelled() => Err(ApiError::shutting_down()),
+            Ok(Err(_)) => Err(ApiError::internal("the request failed inside the server")),
+            Err(_) => {
+                self.cancel.cancel();
+                let limit = self.state.limits.timeout.as_secs_f64();
+                Err(ApiError {
+                    code: Some("timeout"),
+                    retry_after: Some(self.state.limits.retry_after),
+                    ..ApiError::new(
+                        503,
+                        "unavailable_error",
+                        format!(
+                            "the request was not ready to run within its time limit ({limit} s)"
+                        ),
+                    )
+                })
+            }
+        }
+    }
+    // ANCHOR_END: prepare
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
+        self.cancel.cancel();
         if let (Some(t), false) = (self.ticket, self.ended) {
             self.worker.cancel(t);
         }
@@ -628,7 +788,13 @@ impl Generate {
 
 // ANCHOR: generate
 /// Run `prompt` and answer: one JSON response, or a stream of chunks.
-async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Response, ApiError> {
+async fn generate(
+    s: &Arc<AppState>,
+    l: &Loaded,
+    request: Generate,
+    mut place: Place,
+    deadline: Instant,
+) -> Result<Response, ApiError> {
     let Generate {
         endpoint,
         label,
@@ -655,27 +821,10 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
     params.max_tokens = asked.unwrap_or(usize::MAX).min(l.n_ctx - prompt.len() + 1);
     // ANCHOR_END: generate
 
-    // ANCHOR: place
-    // A place in the queue, or 503.
+    // A request that was prepared while the server began to drain does not start.
     if s.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    let max = s.limits.max_in_flight;
-    if s.in_flight
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-            (n < max).then_some(n + 1)
-        })
-        .is_err()
-    {
-        return Err(ApiError::busy(max, s.limits.retry_after));
-    }
-    let mut place = Place {
-        state: Arc::clone(s),
-        worker: l.worker.clone(),
-        ticket: None,
-        ended: false,
-    };
-    // ANCHOR_END: place
 
     // ANCHOR: submit
     let (tx, mut rx) = unbounded_channel();
@@ -693,7 +842,7 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
         label: label.unwrap_or_else(|| response_id.as_str().into()),
         prompt,
         params,
-        deadline: Instant::now() + s.limits.timeout,
+        deadline,
         cache_salt,
         proposer,
         events: tx,
@@ -729,6 +878,10 @@ async fn generate(s: &Arc<AppState>, l: &Loaded, request: Generate) -> Result<Re
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(o)) if o.closed => {
+                place.ended = true;
+                return Err(ApiError::ended_by_shutdown());
+            }
             Some(Event::Done(o)) => {
                 place.ended = true;
                 let usage = Usage {
@@ -793,6 +946,14 @@ fn sse_events(
                         data(head.chunk(Some(&t), false, None)),
                         (rx, place, Phase::Text, queued),
                     )),
+                    Some(Event::Done(o)) if o.closed => {
+                        // An error in OpenAI's shape, then [DONE]: the stream ends as a
+                        // stream should, and the client knows the text is unfinished.
+                        place.ended = true;
+                        queued.push(Ok(SseEvent::default().data("[DONE]")));
+                        let e = ApiError::ended_by_shutdown().body();
+                        Some((data(e), (rx, place, Phase::Done, queued)))
+                    }
                     Some(Event::Done(o)) => {
                         place.ended = true;
                         // Sent in reverse order of the pops: last chunk, usage, [DONE].

@@ -65,9 +65,12 @@ pub enum Event {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {
     pub stop: StopReason,
-    /// Ended by the server: its time limit, or a shutdown's drain limit (reported as
-    /// `length`).
+    /// Ended by the server: its time limit (reported as `length`, as llama-server reports its
+    /// `t_max_predict_ms`), or a shutdown's drain limit.
     pub timed_out: bool,
+    /// Ended by [`Worker::close`], short of its end: the server is shutting down, and the
+    /// client is told so (an error, not a finish reason), to retry elsewhere.
+    pub closed: bool,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
@@ -176,9 +179,9 @@ impl Worker {
         let _ = self.commands.send(Command::Cancel(ticket));
     }
 
-    /// End every request now, running or waiting, each with its final event (`length`), and
-    /// every one submitted later as soon as it arrives: what a shutdown does when its drain
-    /// limit is reached.
+    /// End every request now, running or waiting, each with its final event (`Done` with
+    /// [`Outcome::closed`]), and every one submitted later as soon as it arrives: what a
+    /// shutdown does when its drain limit is reached.
     pub fn close(&self) {
         let _ = self.commands.send(Command::Close);
     }
@@ -344,6 +347,7 @@ fn engine_loop(
                         f.stop
                     },
                     timed_out,
+                    closed: timed_out && closed,
                     prompt_tokens: l.prompt_tokens,
                     completion_tokens: f.ids.len(),
                     cached_tokens: f.cached_tokens.min(l.prompt_tokens),
@@ -380,6 +384,7 @@ fn engine_loop(
                             let outcome = Outcome {
                                 stop: f.stop,
                                 timed_out: false,
+                                closed: false,
                                 prompt_tokens: l.prompt_tokens,
                                 completion_tokens: f.ids.len(),
                                 cached_tokens: f.cached_tokens.min(l.prompt_tokens),

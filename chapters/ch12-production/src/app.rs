@@ -14,7 +14,8 @@
 //! - API keys (`--api-key`, `--api-keys`): each a tenant with its own partition of the
 //!   prefix cache, and per-key limits (see [`crate::keys`]);
 //! - fault injection for the tests (hidden `--fault-injection`): a request with header
-//!   `X-Fault` makes the engine panic inside its step, or makes the engine thread die.
+//!   `X-Fault` makes the engine panic inside its step, or makes the engine thread die; one
+//!   whose grammar is [`STALL_GRAMMAR`] is prepared until it is given up.
 
 use crate::keys::Keys;
 use crate::metrics::{EngineMetrics, Metrics};
@@ -29,7 +30,9 @@ use ch11::api::ApiError;
 use ch11::server::{RequestLabel, finish, model_card};
 use ch11::worker::{Observer, Outcome, PoolStatus};
 use ch11::{AppState, ServeArgs, StepReport};
+use ch11::{Cancel, Formats, MakeRule};
 use http_body_util::BodyExt;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,6 +80,45 @@ impl Fault {
     }
 }
 
+// ANCHOR: stall
+/// With `--fault-injection`, a request whose `grammar` is this text is never ready: its form
+/// "compiles" until the request is given up — its client leaves, its time runs out, the server
+/// shuts down — and says so in the log. It is how the tests hold a request in preparation, as
+/// a huge grammar would, without depending on how fast this machine compiles one.
+pub const STALL_GRAMMAR: &str = "root ::= \"stall\" # fault injection: compiles until given up";
+
+/// The output forms of a variant under `--fault-injection`: its own, and [`STALL_GRAMMAR`].
+#[derive(Debug)]
+struct Stalling(Arc<dyn Formats>);
+
+impl Formats for Stalling {
+    fn rule(
+        &self,
+        response_format: Option<&RawValue>,
+        grammar: Option<&Value>,
+        cancel: &Cancel,
+    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError> {
+        if grammar.and_then(Value::as_str) != Some(STALL_GRAMMAR) {
+            return self.0.rule(response_format, grammar, cancel);
+        }
+        tracing::warn!("injected fault: a request's grammar compiles until it is given up");
+        while !cancel.is_cancelled() {
+            std::thread::sleep(STALL_POLL);
+        }
+        tracing::info!("injected fault: the stalled compile saw its request given up");
+        Err(ApiError::invalid("grammar", "injected fault: given up"))
+    }
+
+    fn prepare(&self, tokenizer: &ch11::Tokenizer) {
+        self.0.prepare(tokenizer);
+    }
+}
+
+/// How often a stalled compile looks at its request (a real compile looks every few thousand
+/// steps, well under a millisecond apart).
+const STALL_POLL: Duration = Duration::from_millis(5);
+// ANCHOR_END: stall
+
 /// Faults planted by request id, and whether the engine thread is to die after this step.
 #[derive(Default)]
 pub struct Faults {
@@ -115,7 +157,10 @@ impl App {
         let [body_timeout, header_timeout, idle_timeout, drain_timeout] = timeouts;
         let variants = variants
             .into_iter()
-            .map(|(name, args)| {
+            .map(|(name, mut args)| {
+                if faults {
+                    args.formats = Arc::new(Stalling(args.formats));
+                }
                 let state = AppState::new(args.limits());
                 let router = finish(ch11::server::routes(), Arc::clone(&state));
                 Variant {

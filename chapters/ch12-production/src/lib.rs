@@ -51,6 +51,11 @@ pub const EXIT_ENGINE_DIED: i32 = 70;
 /// for the model file, logs and the probe connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
+/// After the drain, how long the blocking threads have to give up what they were preparing
+/// (a grammar being compiled looks at its request's cancel flag every few thousand steps:
+/// milliseconds); with [`serve::FLUSH_GRACE`], within the 2 s promised beyond the drain.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+
 /// How often the watchdog looks at the engine threads.
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(250);
 
@@ -92,21 +97,28 @@ pub struct Args {
     pub split_b: f64,
     /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
     pub fault_injection: bool,
-    /// An API key every request to `/v1/` must carry (`Authorization: Bearer KEY`).
-    pub api_key: Option<String>,
+    /// API keys, one per `--api-key`: a request to `/v1/` must carry one of them or of
+    /// `api_keys` (`Authorization: Bearer KEY`). Each is a tenant, named `api-key-1`,
+    /// `api-key-2`, … in order ([`keys`]).
+    pub api_key: Vec<String>,
     /// A file of API keys, `NAME SHA256-HEX` per line ([`keys`]).
     pub api_keys: Option<PathBuf>,
     /// Requests one key may have in flight at once (0: no limit).
     pub key_max_in_flight: usize,
-    /// Tokens, prompt and completion, one key may use per minute (0: no limit).
+    /// Tokens, prompt and completion, one key may use per minute (0: no limit); how far the
+    /// requests in flight may pass it is [`keys::Keys::admit`]'s rule.
     pub key_tokens_per_minute: u64,
+    /// A series per API key name in `/metrics` (`llmrs_key_*{key="NAME"}`); without it, every
+    /// key's requests and tokens are added under `key="all"`, since `/metrics` is open and a
+    /// name often names a customer.
+    pub metrics_per_key: bool,
 }
 // ANCHOR_END: args
 
 // ANCHOR: args_default
 impl Default for Args {
     /// Chapter 11's defaults; text logs; 30 s to drain, 10 s for headers, 30 s for a body; one
-    /// model.
+    /// model; no keys, and no key names in `/metrics`.
     fn default() -> Args {
         Args {
             serve: ServeArgs::default(),
@@ -120,10 +132,11 @@ impl Default for Args {
             alias_b: None,
             split_b: 0.5,
             fault_injection: false,
-            api_key: None,
+            api_key: Vec::new(),
             api_keys: None,
             key_max_in_flight: 0,
             key_tokens_per_minute: 0,
+            metrics_per_key: false,
         }
     }
 }
@@ -183,10 +196,11 @@ impl Args {
     /// The application, not loaded yet: an error if the keys cannot be read.
     pub fn app(&self) -> Result<App, String> {
         let keys = keys::Keys::new(
-            self.api_key.as_deref(),
+            &self.api_key,
             self.api_keys.as_deref(),
             self.key_max_in_flight,
             self.key_tokens_per_minute,
+            self.metrics_per_key,
         )?;
         Ok(App::new(
             self.variants(),
@@ -282,7 +296,8 @@ fn load_all(app: &App) {
 pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     args.check()?;
     let app = Arc::new(args.app()?);
-    ch11::runtime()?.block_on(async {
+    let runtime = ch11::runtime()?;
+    let served = runtime.block_on(async {
         let (host, port) = (&args.serve.host, args.serve.port);
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
@@ -307,9 +322,14 @@ pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             }
         });
         serve::serve(listener, app, serve::signal()).await?;
-        tracing::info!("stopped");
-        Ok(())
-    })
+        Ok::<_, Box<dyn Error>>(())
+    });
+    // Dropping the runtime drops every task left — a request still being prepared gives its
+    // work up ([`ch11::Cancel`]) — and would then wait for the blocking threads however
+    // long they take; this waits at most `SHUTDOWN_GRACE`.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    tracing::info!("stopped");
+    served
 }
 // ANCHOR_END: run
 

@@ -16,11 +16,13 @@
 //!   the place of the oldest that has asked nothing yet — a flood of silent connections cannot
 //!   keep a probe out — and is closed at once only if every place is answering. So the
 //!   orchestrator still sees the server while it is flooded;
-//! - a shutdown in phases. On SIGTERM or SIGINT: stop accepting connections, answer new
-//!   requests on open ones with 503 and `/ready` with 503, and let the requests in flight
-//!   finish for up to `--drain-timeout`; then end those still running, each with its final
-//!   event (`finish_reason` `length`, and `[DONE]` for a stream), give the responses
-//!   [`FLUSH_GRACE`] to reach their clients, and return, so that the process exits 0. An idle
+//! - a shutdown in phases. On SIGTERM, SIGINT or SIGHUP: stop accepting connections, answer
+//!   new requests on open ones with 503 and `/ready` with 503, and let the requests in flight
+//!   finish for up to `--drain-timeout`; then end those still running, each with a 503
+//!   `shutting_down` in OpenAI's shape (for a stream, an error event and `[DONE]`: its text
+//!   is unfinished, and a finish reason would say otherwise), give the responses
+//!   [`FLUSH_GRACE`] to reach their clients, and return, so that the process exits 0. A
+//!   request still being prepared (its grammar compiling) is given up and answered 503. An idle
 //!   keep-alive connection is closed when the drain starts (hyper's graceful shutdown), so a
 //!   client sees a closed connection, not a 503, for its next request.
 
@@ -44,8 +46,10 @@ use tower::ServiceExt;
 
 /// After the drain limit, the time the ended requests' final events have to reach their
 /// clients before the server returns anyway: writing a few hundred bytes to each open
-/// connection takes milliseconds; two seconds leaves room for a busy machine.
-pub const FLUSH_GRACE: Duration = Duration::from_secs(2);
+/// connection takes milliseconds; 1.5 s leaves room for a busy machine, and with the
+/// runtime's own shutdown (`SHUTDOWN_GRACE`, 0.5 s) the process ends within the 2 s that
+/// `--drain-timeout` promises beyond the drain.
+pub const FLUSH_GRACE: Duration = Duration::from_millis(1500);
 
 /// How long to wait before accepting again after `accept` fails (out of file descriptors,
 /// typically): failing again at once would spin.
@@ -353,18 +357,30 @@ fn busy(cap: usize) -> Response {
     r
 }
 
-/// Completes on SIGTERM (what an orchestrator sends) or SIGINT (Ctrl-C).
+/// Completes on SIGTERM (what an orchestrator sends), SIGINT (Ctrl-C) or SIGHUP (the
+/// terminal closed), each logged. SIGHUP drains like the others instead of killing the process
+/// at once (its default action): the server reloads nothing — its settings and keys are read
+/// at start — so a hang-up means the session that ran it is gone, and the requests in flight
+/// deserve their drain.
 pub async fn signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops the server");
+    use tokio::signal::unix::{SignalKind, signal};
+    let (term, hup) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    );
+    let (mut term, mut hup) = match (term, hup) {
+        (Ok(t), Ok(h)) => (t, h),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(
+                "cannot listen for SIGTERM and SIGHUP ({e}); only Ctrl-C stops the server"
+            );
             let _ = tokio::signal::ctrl_c().await;
             return;
         }
     };
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = hup.recv() => tracing::info!("SIGHUP"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
     }
 }

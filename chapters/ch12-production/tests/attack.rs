@@ -305,6 +305,7 @@ fn with_keys_only_their_holders_are_served_and_no_cache_hit_crosses_keys() {
             keys.path().to_str().unwrap(),
             "--key-max-in-flight",
             "1",
+            "--metrics-per-key",
         ]),
         &[],
     );
@@ -381,5 +382,186 @@ fn with_keys_only_their_holders_are_served_and_no_cache_hit_crosses_keys() {
             .iter()
             .any(|l| l.contains("sk-alice") || l.contains("sk-bob")),
         "a key was logged"
+    );
+}
+
+/// Requests in flight now, from the server's own gauge.
+fn in_flight(s: &common::Server) -> f64 {
+    s.metrics()
+        .sum("llmrs_in_flight_requests", &[("variant", "a")])
+}
+
+/// Wait until `done` holds, asking every 20 ms; a server that never gets there fails the test
+/// after `LIMIT` (generous: the events waited for take milliseconds).
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < LIMIT, "{what}: not within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A completion whose grammar never finishes compiling (`--fault-injection`'s stall).
+fn stalled() -> Value {
+    json!({"prompt": "Hi", "max_tokens": 4, "grammar": ch12::app::STALL_GRAMMAR})
+}
+
+/// How many times the log says a stalled compile saw its request given up.
+fn given_up(s: &common::Server) -> usize {
+    s.logs()
+        .iter()
+        .filter(|l| l.contains("the stalled compile saw its request given up"))
+        .count()
+}
+
+// ANCHOR: stalled_compiles
+#[test]
+fn a_compiling_request_holds_its_place_and_is_given_up_by_its_client_and_its_time() {
+    // One running and one waiting: two places in all. A request's time is 3 s.
+    let s = start(
+        &with(&[
+            "--fault-injection",
+            "--parallel",
+            "1",
+            "--queue",
+            "1",
+            "--timeout",
+            "3",
+        ]),
+        &[],
+    );
+    // The first compiles until its client leaves: a raw connection that will be dropped.
+    let body = stalled().to_string();
+    let mut leaving = connect(s.port);
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    leaving.write_all(request.as_bytes()).unwrap();
+    // The second compiles until its time is up.
+    let client = s.client.clone();
+    let url = s.url("/v1/completions");
+    let timed = std::thread::spawn(move || {
+        let r = client.post(url).json(&stalled()).send().unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    });
+    wait_until("two requests compiling", || in_flight(&s) == 2.0);
+    // Compiling, they hold both places: a third request is refused at once.
+    let r = s.post("/v1/chat/completions", &chat("Hi", 4));
+    let status = r.status();
+    let e: Value = r.json().unwrap();
+    assert_eq!(status, 503, "{e}: {:?}", s.logs());
+    assert_eq!(e["error"]["code"], "server_busy", "{e}");
+    // The probes answer: compiles run off the threads that serve HTTP. (The bound is the
+    // client's; an answer takes milliseconds. Before, two compiles held both threads.)
+    let quick = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let health = quick.get(s.url("/health")).send().unwrap();
+    assert_eq!(health.status(), 200);
+    // The client that leaves gives its place back, and its compile stops.
+    drop(leaving);
+    wait_until("the first compile given up", || given_up(&s) == 1);
+    wait_until("its place given back", || in_flight(&s) == 1.0);
+    // The other is given up at its time limit, with a 503 that says so.
+    let (status, e) = timed.join().unwrap();
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (503, Some("timeout")),
+        "{e}"
+    );
+    wait_until("the second compile given up", || given_up(&s) == 2);
+    wait_until("every place given back", || in_flight(&s) == 0.0);
+    // And the server goes on.
+    let a = s.ok("/v1/chat/completions", &chat("Hi", 4));
+    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+}
+// ANCHOR_END: stalled_compiles
+
+#[test]
+fn sigterm_while_requests_compile_answers_them_503_and_exits_within_the_bound() {
+    const DRAIN: u64 = 2;
+    let mut s = start(
+        &with(&["--fault-injection", "--drain-timeout", &DRAIN.to_string()]),
+        &[],
+    );
+    let compiling: Vec<_> = (0..3)
+        .map(|_| {
+            let client = s.client.clone();
+            let url = s.url("/v1/completions");
+            std::thread::spawn(move || {
+                let r = client.post(url).json(&stalled()).send().unwrap();
+                (r.status().as_u16(), r.json::<Value>().unwrap())
+            })
+        })
+        .collect();
+    wait_until("three requests compiling", || in_flight(&s) == 3.0);
+    let signalled = Instant::now();
+    s.terminate();
+    // Each is answered: not ready before the drain began, it would not be let in.
+    for c in compiling {
+        let (status, e) = c.join().unwrap();
+        assert_eq!(
+            (status, e["error"]["code"].as_str()),
+            (503, Some("shutting_down")),
+            "{e}"
+        );
+    }
+    // The process exits 0 within the drain's bound (requests compiling do not hold it), with
+    // one second for a busy machine to start and end a process.
+    let bound = Duration::from_secs(DRAIN + 2);
+    let status = s
+        .wait(bound + Duration::from_secs(5))
+        .expect("the server did not exit");
+    assert!(status.success(), "{status:?}: {:?}", s.logs());
+    assert!(signalled.elapsed() < bound + Duration::from_secs(1));
+    // Every compile that had started was given up (compiles take turns: the third may not
+    // have started).
+    let started = s
+        .logs()
+        .iter()
+        .filter(|l| l.contains("compiles until it is given up"))
+        .count();
+    assert!(started > 0);
+    assert_eq!(given_up(&s), started, "{:?}", s.logs());
+}
+
+#[test]
+fn a_transfer_coding_other_than_chunked_is_refused_with_501() {
+    let s = start(&flags(), &[]);
+    let body = chat("Hi", 2).to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let answer = raw(s.port, request.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    assert!(answer.contains("gzip"), "{answer}");
+    // Plain chunked is read as before.
+    let request = request.replace("gzip, chunked", "chunked");
+    let answer = raw(s.port, request.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[test]
+fn sighup_drains_and_exits_0_as_sigterm_does() {
+    let mut s = start(&flags(), &[]);
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let status = s
+        .wait(Duration::from_secs(30))
+        .expect("the server did not exit");
+    assert!(status.success(), "{status:?}: {:?}", s.logs());
+    let logs = s.logs().join("\n");
+    assert!(
+        logs.contains("SIGHUP") && logs.contains("stopped"),
+        "{logs}"
     );
 }

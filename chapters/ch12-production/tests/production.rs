@@ -187,40 +187,37 @@ fn sigterm_during_8_streams_drains_and_exits_0_within_the_limit() {
         })
         .collect();
     // Every stream has started: it has sent a token.
-    let mut tokens = [0usize; 8];
-    for (i, (_, st)) in streams.iter().enumerate() {
+    for (_, st) in &streams {
         assert!(st.next(Duration::from_secs(60)).is_some());
-        tokens[i] = 1;
     }
     let signalled = Instant::now();
     s.terminate();
     // ANCHOR_END: sigterm_test
     // ANCHOR: sigterm_checks
-    // Each stream ends with its finish reason and [DONE]: the short ones complete, the long
-    // ones are ended at the drain limit, short of their tokens.
-    for (i, (n, st)) in streams.iter().enumerate() {
-        let (mut tokens, mut finish, mut done) = (tokens[i], None, false);
+    // Each stream ends with [DONE]: the short ones after their finish reason, the long ones,
+    // ended at the drain limit short of their tokens, after a `shutting_down` error (their
+    // text is cut short: a finish reason would say otherwise).
+    for (n, st) in &streams {
+        let (mut finish, mut error, mut done) = (None, None, false);
         while let Some(d) = st.next(Duration::from_secs(DRAIN + 10)) {
+            assert!(!done, "an event after [DONE]: {d}");
             if d == "[DONE]" {
                 done = true;
                 continue;
             }
             let v: Value = serde_json::from_str(&d).unwrap();
-            assert!(v.get("error").is_none(), "{v}");
-            if v["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
-                tokens += 1;
+            if let Some(code) = v["error"]["code"].as_str() {
+                error = Some(code.to_string());
             }
             if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
                 finish = Some(f.to_string());
             }
         }
         assert!(done, "a stream of {n} ended without [DONE]");
-        assert_eq!(finish.as_deref(), Some("length"));
         if *n == LONG {
-            assert!(tokens < LONG, "a long stream finished within the drain");
+            assert_eq!((finish, error.as_deref()), (None, Some("shutting_down")));
+        } else {
+            assert_eq!((finish.as_deref(), error), (Some("length"), None));
         }
     }
     let status = s
@@ -510,4 +507,102 @@ fn configuration_comes_from_flags_environment_and_a_file() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(flag), "{err}");
     }
+}
+
+/// The `production` example run to its end with `args`: its exit code (`None`: a signal) and
+/// standard error. One still running after [`common::START_TIMEOUT`] fails the test.
+fn run_to_end(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = std::process::Command::new(testkit::program(
+        "ch12",
+        testkit::Target::Example,
+        "production",
+        &[],
+    ))
+    .args(args)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > common::START_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still ran: {}", reader.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.code(), reader.join().unwrap())
+}
+
+#[test]
+fn absurd_threads_and_a_key_given_twice_are_refused_before_anything_starts() {
+    // Starting 100,000 threads would fail part way, and the process abort (134); it is a usage
+    // error instead, naming the flag and the bound.
+    let (code, err) = run_to_end(&["--threads", "100000", "--port", "0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--threads 100000 is more than") && err.contains("per hardware thread"),
+        "{err}"
+    );
+    // The same key twice would be two tenants for one key.
+    let (code, err) = run_to_end(&["--api-key", "k1", "--api-key", "k1", "--port", "0"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--api-key #1") && err.contains("--api-key #2") && err.contains("same key"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_api_key_is_served_and_key_names_reach_metrics_only_when_asked() {
+    let post = |s: &common::Server, key: &str| {
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&chat("Hi", 1))
+            .send()
+            .unwrap()
+            .status()
+    };
+    // Two --api-key flags: both keys are let in, and /metrics counts them together.
+    let s = start(&with(&["--api-key", "sk-one", "--api-key", "sk-two"]), &[]);
+    assert_eq!(post(&s, "sk-one"), 200);
+    assert_eq!(post(&s, "sk-two"), 200);
+    assert_eq!(post(&s, "sk-three"), 401);
+    let m = s.get("/metrics").text().unwrap();
+    assert!(
+        m.contains(r#"llmrs_key_requests_total{key="all",status="ok"} 2"#),
+        "{m}"
+    );
+    assert!(!m.contains("api-key-"), "a key's name is in /metrics:\n{m}");
+    drop(s);
+
+    // The same keys from a configuration file, with a series per name asked for.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("server.toml");
+    std::fs::write(
+        &file,
+        "api-key = [\"sk-one\", \"sk-two\"]\nmetrics-per-key = true\n",
+    )
+    .unwrap();
+    let s = start(&with(&["--config", file.to_str().unwrap()]), &[]);
+    assert_eq!(post(&s, "sk-two"), 200);
+    assert_eq!(post(&s, "sk-two"), 200);
+    let m = s.get("/metrics").text().unwrap();
+    assert!(
+        m.contains(r#"llmrs_key_requests_total{key="api-key-2",status="ok"} 2"#),
+        "{m}"
+    );
+    assert!(!m.contains("sk-two"), "a key is in /metrics");
 }

@@ -31,3 +31,44 @@ impl Guessing for LookupGuessing {
     }
 }
 // ANCHOR_END: lookup_guessing
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many tokens a request's proposer guesses at its first step over a text that repeats
+    /// (prompt lookup could guess on without end), and how many it has checked whatever they
+    /// cost; `None` where the request does not guess.
+    fn first_guesses(
+        g: LookupGuessing,
+        n_max: Option<u64>,
+        n_min: Option<u64>,
+    ) -> Option<(usize, usize)> {
+        let mut p = g.proposer(n_max, n_min)?;
+        let mut out = Vec::new();
+        p.propose(&[1, 2, 1, 2, 1, 2], usize::MAX, &mut out)
+            .unwrap();
+        Some((out.len(), p.at_least()))
+    }
+
+    #[test]
+    fn a_request_guesses_within_the_servers_limits_and_not_at_all_at_zero() {
+        let g = LookupGuessing {
+            draft_max: 8,
+            draft_min: 2,
+        };
+        assert_eq!(first_guesses(g, None, None), Some((8, 2)));
+        assert_eq!(first_guesses(g, Some(3), None), Some((3, 2)));
+        assert_eq!(first_guesses(g, Some(3), Some(5)), Some((3, 3)));
+        assert_eq!(
+            first_guesses(g, Some(u64::MAX), Some(u64::MAX)),
+            Some((8, 8))
+        );
+        assert_eq!(first_guesses(g, Some(0), None), None);
+        let off = LookupGuessing {
+            draft_max: 0,
+            draft_min: 0,
+        };
+        assert_eq!(first_guesses(off, Some(4), None), None);
+    }
+}
