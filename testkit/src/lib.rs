@@ -7,12 +7,15 @@
 //!   [`assert_same_sequence`], for lists that must be equal (token ids), which says where two
 //!   lists first differ.
 //! - [`alloc`]: a counting global allocator, for tests that a hot path allocates nothing.
+//! - [`isa`]: whether a test whose subject needs an instruction set (chapter 8's SIMD
+//!   kernels) can run here; a missing one fails unless `LLM_RS_ALLOW_MISSING_ISA` is set.
 //! - [`program`]: a chapter's example or the `llm-rs` binary, built for a test that runs it.
 //! - [`python`]: `python3` with OpenAI's client (`openai`, pinned), installed on first use.
 //! - [`serve`]: a server program started on a free port for a test, killed when it ends.
 
 pub mod alloc;
 pub mod compare;
+pub mod isa;
 pub mod program;
 pub mod python;
 pub mod refdata;

@@ -6,8 +6,8 @@
 
 use ch04::sampling::argmax;
 use ch04::{
-    Batch, DenseLoader, GenParams, GgufFile, Model, Recorder, SamplerParams, Tokenizer, Uncached,
-    generate,
+    Batch, DenseLoader, GenParams, GgufFile, Model, Recorder, SamplerParams, StopReason, Tokenizer,
+    Uncached, generate,
 };
 use std::sync::OnceLock;
 use testkit::HIDDEN_TOL;
@@ -152,14 +152,29 @@ fn greedy_continuation_matches_llama_cpp_token_for_token() {
     }
 }
 
-/// The generation loop itself, uncached (slow), for a few tokens of the shortest prompt.
+/// The generation loop itself, uncached (slow), for a few tokens of the shortest prompt: it
+/// generates llama.cpp's first tokens, and stops where llama.cpp stopped if that is sooner.
 #[test]
 fn the_generation_loop_produces_llama_cpp_tokens() {
+    const MAX_TOKENS: usize = 8;
     let (model, tok) = model();
     let (id, prompt) = prompts().into_iter().min_by_key(|(_, p)| p.len()).unwrap();
     let want = generated(&id);
+    // llama.cpp generated up to 64 tokens (see the test above): within our first MAX_TOKENS it
+    // either went on, or ended with an end-of-generation token, where we must stop too.
+    let want = &want[..want.len().min(MAX_TOKENS)];
+    let want_stop = if want.len() == MAX_TOKENS {
+        StopReason::MaxTokens
+    } else {
+        assert!(
+            tok.is_eog(*want.last().expect("llama.cpp generated at least one token")),
+            "{id}: llama.cpp stopped after {} tokens without an end-of-generation token",
+            want.len()
+        );
+        StopReason::EndOfGeneration
+    };
     let params = GenParams {
-        max_tokens: 8,
+        max_tokens: MAX_TOKENS,
         sampler: SamplerParams::greedy(),
         stop: vec![],
         rule: None,
@@ -169,11 +184,8 @@ fn the_generation_loop_produces_llama_cpp_tokens() {
         streamed.push_str(s)
     })
     .unwrap();
-    testkit::assert_same_sequence(
-        &format!("{id}: greedy token ids"),
-        &g.ids,
-        &want[..g.ids.len()],
-    );
+    testkit::assert_same_sequence(&format!("{id}: greedy token ids"), &g.ids, want);
+    assert_eq!(g.stop, want_stop, "{id}: why generation stopped");
     assert_eq!(streamed, g.text);
     assert_eq!(g.text, tok.decode(&g.ids));
 }

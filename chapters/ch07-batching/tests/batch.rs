@@ -8,8 +8,9 @@
 //! Both compute every row of a batch on its own, so the exactness argued below holds for both.
 
 use ch07::{
-    Cached, ContiguousCache, DenseLoader, GenParams, GgufFile, Model, Overflow, Request,
-    SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer, generate,
+    Cached, ContiguousCache, DenseLoader, Finished, GenParams, GgufFile, Model, Overflow, Request,
+    RequestId, SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer,
+    generate,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -69,6 +70,7 @@ impl<S: Session> Session for Recording<S> {
 struct Alone {
     ids: Vec<u32>,
     text: String,
+    stop: StopReason,
     logits: Vec<Vec<f32>>,
 }
 
@@ -97,6 +99,7 @@ fn alone(prompt: &[u32], params: &GenParams) -> Arc<Alone> {
     let a = Arc::new(Alone {
         ids: g.ids,
         text: g.text,
+        stop: g.stop,
         logits: session.logits,
     });
     done.lock().unwrap().insert(key, a.clone());
@@ -147,6 +150,26 @@ fn check_against_alone(name: &str, id: usize, got: &Collect, want: &Alone) {
     );
 }
 
+/// The scheduler reported every submitted request finished, once, with the tokens, text and
+/// stop reason it has alone.
+fn check_finished(name: &str, done: &[Finished], want: &[(RequestId, Arc<Alone>)]) {
+    let mut got: Vec<RequestId> = done.iter().map(|f| f.id).collect();
+    got.sort_unstable();
+    let mut submitted: Vec<RequestId> = want.iter().map(|(id, _)| *id).collect();
+    submitted.sort_unstable();
+    assert_eq!(got, submitted, "{name}: the requests reported finished");
+    for (id, alone) in want {
+        let f = done.iter().find(|f| f.id == *id).expect("checked above");
+        testkit::assert_same_sequence(
+            &format!("{name}: request {id}: finished tokens"),
+            &f.ids,
+            &alone.ids,
+        );
+        assert_eq!(f.text, alone.text, "{name}: request {id}: finished text");
+        assert_eq!(f.stop, alone.stop, "{name}: request {id}: why it stopped");
+    }
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     let tok = &engine().tok;
     [
@@ -180,6 +203,7 @@ fn every_sequence_in_a_batch_computes_what_it_computes_alone() {
     let mut s = Scheduler::new(&e.model, &e.tok, config).unwrap();
     let mut sink = Collect::default();
     let mut ids = [usize::MAX; 4];
+    let mut done = Vec::new();
     let (mut mixed_steps, mut max_seqs) = (0, 0);
     while ids.contains(&usize::MAX) || !s.is_idle() {
         for r in 0..4 {
@@ -194,16 +218,19 @@ fn every_sequence_in_a_batch_computes_what_it_computes_alone() {
         let report = s.step(&mut sink).unwrap();
         mixed_steps += usize::from(report.n_decode > 0 && report.n_tokens > report.n_seqs);
         max_seqs = max_seqs.max(report.n_seqs);
+        done.extend(report.finished);
     }
     assert!(mixed_steps > 0, "no step mixed a prompt chunk with decodes");
     assert_eq!(max_seqs, 3);
-    for r in 0..4 {
-        check_against_alone(
-            "batched",
-            ids[r],
-            &sink,
-            &alone(&prompts[r], &params(max_tokens[r])),
-        );
+    let want: Vec<(RequestId, Arc<Alone>)> = (0..4)
+        .map(|r| (ids[r], alone(&prompts[r], &params(max_tokens[r]))))
+        .collect();
+    // Request 1 leaves early because it asked for fewer tokens, not because of an end of text.
+    assert_eq!(want[1].1.stop, StopReason::MaxTokens);
+    assert_eq!(want[1].1.ids.len(), max_tokens[1]);
+    check_finished("batched", &done, &want);
+    for (id, alone) in &want {
+        check_against_alone("batched", *id, &sink, alone);
     }
 }
 
@@ -223,26 +250,25 @@ fn a_preempted_request_is_recomputed_exactly() {
         cache: Default::default(),
     };
     let mut s = Scheduler::new(&e.model, &e.tok, config).unwrap();
-    for p in prompts {
-        s.submit(Request {
-            prompt: p.clone(),
-            params: params(N_GEN),
+    let want: Vec<(RequestId, Arc<Alone>)> = prompts
+        .iter()
+        .map(|p| {
+            let req = Request {
+                prompt: p.clone(),
+                params: params(N_GEN),
+            };
+            (s.submit(req).unwrap(), alone(p, &params(N_GEN)))
         })
-        .unwrap();
-    }
+        .collect();
     let mut sink = Collect::default();
     let done = s.run(&mut sink).unwrap();
     assert!(
         s.stats().preemptions > 0,
         "the pool was meant to be too small"
     );
-    for f in &done {
-        check_against_alone(
-            "preempted",
-            f.id,
-            &sink,
-            &alone(&prompts[f.id], &params(N_GEN)),
-        );
+    check_finished("preempted", &done, &want);
+    for (id, alone) in &want {
+        check_against_alone("preempted", *id, &sink, alone);
     }
     s.clear_prefix_cache();
     assert_eq!(s.kv().allocator.n_free(), 13);
@@ -280,19 +306,27 @@ fn a_prefix_cache_hit_computes_less_and_changes_nothing() {
     };
     let mut s = Scheduler::new(&e.model, &e.tok, config).unwrap();
     let mut sink = Collect::default();
-    s.submit(Request {
-        prompt: first.clone(),
-        params: params(N_GEN),
-    })
-    .unwrap();
-    let cold = s.run(&mut sink).unwrap().remove(0);
+    let want_cold = s
+        .submit(Request {
+            prompt: first.clone(),
+            params: params(N_GEN),
+        })
+        .unwrap();
+    let want_cold = (want_cold, alone(&first, &params(N_GEN)));
+    let done = s.run(&mut sink).unwrap();
+    check_finished("cold", &done, std::slice::from_ref(&want_cold));
+    let cold = done.into_iter().next().expect("checked above");
     assert_eq!(cold.cached_tokens, 0);
-    s.submit(Request {
-        prompt: second.clone(),
-        params: params(N_GEN),
-    })
-    .unwrap();
-    let warm = s.run(&mut sink).unwrap().remove(0);
+    let want_warm = s
+        .submit(Request {
+            prompt: second.clone(),
+            params: params(N_GEN),
+        })
+        .unwrap();
+    let want_warm = (want_warm, alone(&second, &params(N_GEN)));
+    let done = s.run(&mut sink).unwrap();
+    check_finished("prefix hit", &done, std::slice::from_ref(&want_warm));
+    let warm = done.into_iter().next().expect("checked above");
 
     let hit = common / 16 * 16;
     assert!(
@@ -306,12 +340,7 @@ fn a_prefix_cache_hit_computes_less_and_changes_nothing() {
         second.len() - hit + warm.ids.len() - 1
     );
     assert_eq!(cold.computed_tokens, first.len() + cold.ids.len() - 1);
-    check_against_alone("cold", cold.id, &sink, &alone(&first, &params(N_GEN)));
-    check_against_alone(
-        "prefix hit",
-        warm.id,
-        &sink,
-        &alone(&second, &params(N_GEN)),
-    );
+    check_against_alone("cold", cold.id, &sink, &want_cold.1);
+    check_against_alone("prefix hit", warm.id, &sink, &want_warm.1);
     assert_ne!(warm.stop, StopReason::StopString);
 }

@@ -9,7 +9,7 @@
 //!   f64 in one go, and rescales as the running maximum grows.
 
 use ch08::ch03::{Attention, AttentionOps, KvStore, RopeStyle, RopeTable, Scalar, TokenPos, VecKv};
-use ch08::kernels::KernelSet;
+use ch08::kernels::{Isa, KernelSet};
 use ch08::pool::{Parallel, RayonPool, SpinPool};
 use ch08::simd_compute::{F32Isa, SimdCompute};
 use ch08::{Activation, Compute, ContiguousCache, Overflow};
@@ -52,10 +52,21 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Every set of f32 kernels this CPU can run, portable first.
+/// Whether the CPU has `isa`; where it is one this architecture is expected to have, its
+/// absence fails the test unless `LLM_RS_ALLOW_MISSING_ISA` is set (`testkit::isa`).
+fn has(isa: Isa) -> bool {
+    testkit::isa::require(isa.name(), &isa.missing_features())
+}
+
+/// Every set of f32 kernels of this architecture's instruction sets (each one the CPU must
+/// have, as [`has`] says), portable first.
 fn vector_isas() -> Vec<F32Isa> {
     let mut v = vec![F32Isa::Portable];
-    for k in KernelSet::available() {
+    let sets = Isa::ALL
+        .into_iter()
+        .filter(|&isa| testkit::isa::is_native(isa.name()) && has(isa))
+        .map(|isa| KernelSet::for_isa(isa).expect("the CPU has it"));
+    for k in sets {
         let isa = F32Isa::for_kernels(&k);
         if !v.contains(&isa) {
             v.push(isa);
@@ -79,13 +90,6 @@ mod avx2 {
     use ch08::simd_compute::{F32Simd, Portable};
     use proptest::prelude::*;
 
-    fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    fn has_avx512() -> bool {
-        has_avx2() && is_x86_feature_detected!("avx512f")
-    }
-
     /// The bits of each float: equal only where every operation was the same.
     fn bits(x: &[f32]) -> Vec<u32> {
         x.iter().map(|v| v.to_bits()).collect()
@@ -108,7 +112,7 @@ mod avx2 {
 
         #[test]
         fn lane_kernels_match_the_portable_ones(n in lengths(), seed in any::<u64>()) {
-            if !has_avx2() {
+            if !has(Isa::Avx2) {
                 return Ok(());
             }
             let (a, b) = (noise(n, seed), noise(n, seed ^ 1));
@@ -143,7 +147,7 @@ mod avx2 {
 
         #[test]
         fn vector_exp_is_accurate(n in lengths(), seed in any::<u64>()) {
-            if !has_avx2() {
+            if !has(Isa::Avx2) {
                 return Ok(());
             }
             // Arguments as softmax gives them: from -87 (the smallest normal result) to 0.
@@ -167,7 +171,7 @@ mod avx2 {
             nk in 1usize..70,
             seed in any::<u64>(),
         ) {
-            if !has_avx2() {
+            if !has(Isa::Avx2) {
                 return Ok(());
             }
             let q = noise(hd, seed);
@@ -185,7 +189,7 @@ mod avx2 {
             }
             assert_close("scores", &[nk], &s1, &s2, LANES_TOL);
             assert_close("weighted_sum", &[hd], &a1, &a2, LANES_TOL);
-            if has_avx512() {
+            if has(Isa::Avx512) {
                 let mut a3 = noise(hd, seed ^ 3);
                 // SAFETY: the CPU has AVX-512 F (checked).
                 unsafe {
@@ -204,7 +208,7 @@ mod avx2 {
             nk in 1usize..70,
             seed in any::<u64>(),
         ) {
-            if !has_avx512() {
+            if !has(Isa::Avx512) {
                 return Ok(());
             }
             // `group` query heads against the same keys and values, scores `STRIDE` apart: the

@@ -50,19 +50,20 @@ fn pools() -> Vec<Arc<dyn Parallel>> {
     ]
 }
 
-/// Every kernel set this CPU has.
+/// Whether the CPU has `isa`; where it is one this architecture is expected to have, its
+/// absence fails the test unless `LLM_RS_ALLOW_MISSING_ISA` is set (`testkit::isa`).
+fn has(isa: Isa) -> bool {
+    testkit::isa::require(isa.name(), &isa.missing_features())
+}
+
+/// Scalar and every SIMD set of this architecture (each one the CPU must have, as [`has`]
+/// says).
 fn kernel_sets() -> Vec<KernelSet> {
-    [
-        Isa::Scalar,
-        Isa::Avx2,
-        Isa::Avx512,
-        Isa::Avx512Vnni,
-        Isa::Neon,
-        Isa::NeonDotprod,
-    ]
-    .into_iter()
-    .filter_map(KernelSet::for_isa)
-    .collect()
+    Isa::ALL
+        .into_iter()
+        .filter(|&isa| isa == Isa::Scalar || (testkit::isa::is_native(isa.name()) && has(isa)))
+        .map(|isa| KernelSet::for_isa(isa).expect("the CPU has it"))
+        .collect()
 }
 
 #[test]
@@ -75,6 +76,8 @@ fn packed_types_are_weight_types_and_map_back() {
 
 #[test]
 fn packing_round_trips_every_row() {
+    // Packing needs AVX-512 VNNI; without it FastMatrix keeps the rows.
+    let packs = has(Isa::Avx512Vnni);
     let mut rng = Rng(7);
     for ty in PackedType::ALL.map(PackedType::ggml_type) {
         let shapes: &[(usize, usize)] = if ty.block_size() == 256 {
@@ -85,8 +88,7 @@ fn packing_round_trips_every_row() {
         for &(rows, cols) in shapes {
             let q = quantized(ty, rows, cols, &mut rng);
             let Some(p) = PackedMatrix::pack(&q) else {
-                // Packing needs AVX-512 VNNI; without it FastMatrix keeps the rows.
-                assert!(!ch08::gemm::vnni_available());
+                assert!(!packs, "{ty}: not packed on a CPU with AVX-512 VNNI");
                 continue;
             };
             assert_eq!(p.ty, PackedType::of(ty).unwrap());
@@ -232,10 +234,10 @@ fn huge_pages_and_prefetching_change_no_product() {
     let mut rng = Rng(11);
     let (rows, cols) = (4099, 640); // 2.8 MB of Q8_0 blocks; a last group of 3 rows
     let q = quantized(GgmlType::Q8_0, rows, cols, &mut rng);
-    let Some(set) = KernelSet::for_isa(Isa::Avx512Vnni) else {
-        assert!(!ch08::gemm::vnni_available());
+    if !has(Isa::Avx512Vnni) {
         return;
-    };
+    }
+    let set = KernelSet::for_isa(Isa::Avx512Vnni).expect("the CPU has it");
     for n in [1, 8] {
         let x = rng.vec(n * cols, 2.0);
         let mut want = vec![0.0; n * rows];

@@ -95,10 +95,16 @@ fn mapped_and_read_runs_print_the_same_generation() {
     assert_eq!(runs[0]["loader"], "mmap");
     assert_eq!(runs[1]["loader"], "read");
     assert_eq!(runs[2]["loader"], "mmap");
+    assert_eq!(runs[2]["repacked"], false, "{}", runs[2]);
     assert_eq!(runs[0]["prompt_ids"], runs[1]["prompt_ids"]);
+    assert_eq!(runs[0]["prompt_ids"], runs[2]["prompt_ids"]);
     // Mapped or read, the same matrices compute the same tokens.
     assert_eq!(runs[0]["ids"], runs[1]["ids"]);
     assert_eq!(runs[0]["ids"].as_array().unwrap().len(), 8);
+    // Repacked or not, too: for the default model's types (Q4_1, Q8_0) chapter 8's
+    // micro-kernel computes each block's sum and adds it in chapter 6's order, the same bits as
+    // the row-at-a-time `vec_dot` the views use (chapter 8, "The same bits as chapter 6").
+    assert_eq!(runs[0]["ids"], runs[2]["ids"], "repacked vs --no-repack");
     // Weights that stay views of the map are file-backed memory; read ones are private.
     let kib = |r: &serde_json::Value, k: &str| r["memory"][k].as_u64().unwrap();
     let weights = 90_000; // KiB: most of the 98 MB file

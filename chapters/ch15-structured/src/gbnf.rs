@@ -42,6 +42,18 @@ pub const MAX_REPETITION: u64 = 2000;
 pub const MAX_GROUP_DEPTH: usize = 256;
 // ANCHOR_END: limits
 
+/// How often a compile asks whether to give up (a request cancelled while its grammar is being
+/// compiled): every 4096 characters parsed, subschemas visited or stacks advanced. A step takes
+/// from tens of nanoseconds (a character) to microseconds (a stack thousands deep), so a
+/// cancelled compile stops within milliseconds, and asking (an atomic load) costs nothing
+/// beside the steps.
+pub const STOP_CHECK_STEPS: usize = 4096;
+
+/// The longest part of a rule's name that the generated names of its groups and repetitions
+/// repeat (`root_3`). Names are for messages; without a bound, a rule named with half a megabyte
+/// of text holding a hundred thousand groups would store half a megabyte per group.
+const GENERATED_NAME_BASE_BYTES: usize = 64;
+
 // ANCHOR: elem
 /// One element of a rule (llama.cpp's `llama_grammar_element`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,6 +114,13 @@ pub enum GrammarError {
          reduce the repetition counts"
     )]
     TooManyElements,
+    #[error(
+        "the grammar accepts only text with a NUL character (`\\x00`) in it, which generation \
+         never gives: as in llama.cpp, no token whose text starts with NUL is allowed"
+    )]
+    NeedsNul,
+    #[error("compiling stopped: the request was cancelled")]
+    Cancelled,
 }
 
 // ANCHOR: parse
@@ -118,12 +137,23 @@ pub struct Grammar {
 
 impl Grammar {
     /// Parse GBNF text and check it can be run from rule `root`: every rule defined, none
-    /// left-recursive, and the language not empty.
+    /// left-recursive, and the language not empty. Each step is linear in the text.
     pub fn parse(text: &str, root: &str) -> Result<Grammar, GrammarError> {
+        Grammar::parse_until(text, root, &|| false)
+    }
+
+    /// [`Grammar::parse`], giving up with [`GrammarError::Cancelled`] once `stop` says so
+    /// (asked every [`STOP_CHECK_STEPS`] characters).
+    pub fn parse_until(
+        text: &str,
+        root: &str,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Grammar, GrammarError> {
         if text.len() > MAX_GRAMMAR_BYTES {
             return Err(GrammarError::TooLarge(text.len()));
         }
         let mut p = Parser {
+            text,
             src: text.as_bytes(),
             pos: 0,
             symbols: HashMap::new(),
@@ -131,6 +161,8 @@ impl Grammar {
             rules: Vec::new(),
             n_elems: 0,
             depth: 0,
+            steps: 0,
+            stop,
         };
         p.parse_grammar()?;
         let Parser { names, rules, .. } = p;
@@ -159,12 +191,20 @@ impl Grammar {
         if let Some(r) = g.left_recursive_rule() {
             return Err(GrammarError::LeftRecursion(g.names[r].clone()));
         }
-        if !g.productive()[root as usize] {
+        if !g.productive(true)[root as usize] {
             return Err(GrammarError::Empty(g.names[root as usize].clone()));
         }
         Ok(g)
     }
     // ANCHOR_END: parse
+
+    /// Whether every sentence of the grammar has a NUL character (`\x00`) in it. Generation
+    /// cannot give such a grammar what it needs: as in llama.cpp, whose token pieces are
+    /// 0-terminated strings, no token whose piece starts with NUL is ever allowed (`mask.rs`),
+    /// so where the grammar needs NUL every token would be masked.
+    pub fn needs_nul(&self) -> bool {
+        !self.productive(false)[self.root as usize]
+    }
 
     /// The elements of rule `r`, its `End` included.
     pub fn rule(&self, r: u32) -> &[Elem] {
@@ -191,46 +231,86 @@ impl Grammar {
             .collect()
     }
 
-    /// Whether a rule derives at least one finite string, for every rule (a fixpoint: a rule
-    /// is productive when one alternative has only productive references and classes that
-    /// match something).
-    fn productive(&self) -> Vec<bool> {
+    /// Whether a rule derives at least one finite string, for every rule: a rule is productive
+    /// when one alternative has only classes that match something and references to productive
+    /// rules. Found with a worklist, in time linear in the grammar: each alternative counts
+    /// its references still waiting, and each rule found productive takes one off the count of
+    /// every alternative that refers to it; an alternative whose count reaches zero makes its
+    /// rule productive. (Going over all rules until nothing changes would take one pass per
+    /// link of the longest chain of rules: quadratic in the grammar.) With `nul` false, a
+    /// class must match a character other than NUL.
+    fn productive(&self, nul: bool) -> Vec<bool> {
         let n = self.starts.len();
         let mut productive = vec![false; n];
-        loop {
-            let mut changed = false;
-            for r in 0..n {
-                if productive[r] {
+        let mut found: Vec<u32> = Vec::new();
+        // Per alternative that can match at all: its rule and its references still waiting.
+        let mut owner: Vec<u32> = Vec::new();
+        let mut waiting: Vec<u32> = Vec::new();
+        // (referenced rule, referring alternative), once per reference.
+        let mut refs: Vec<(u32, u32)> = Vec::new();
+        for r in 0..n as u32 {
+            for alt in self.alternatives(r) {
+                let a = owner.len() as u32;
+                let first_ref = refs.len();
+                let mut matches = true;
+                let mut i = 0;
+                while i < alt.len() {
+                    match alt[i] {
+                        Elem::RuleRef(x) => {
+                            refs.push((x, a));
+                            i += 1;
+                        }
+                        Elem::Char(_) | Elem::CharNot(_) | Elem::CharAny => {
+                            let end = class_end(alt, i);
+                            let class = &alt[i..end];
+                            matches &= match class {
+                                // A literal's character matches itself.
+                                [Elem::Char(c)] => nul || *c != 0,
+                                _ if nul => class_matches_something(class),
+                                _ => class_matches_besides_nul(class),
+                            };
+                            i = end;
+                        }
+                        _ => i += 1,
+                    }
+                }
+                if !matches {
+                    refs.truncate(first_ref);
                     continue;
                 }
-                let can = self.alternatives(r as u32).any(|alt| {
-                    let mut i = 0;
-                    while i < alt.len() {
-                        match alt[i] {
-                            Elem::RuleRef(x) if !productive[x as usize] => return false,
-                            Elem::Char(_) | Elem::CharNot(_) | Elem::CharAny => {
-                                let end = class_end(alt, i);
-                                if !class_matches_something(&alt[i..end]) {
-                                    return false;
-                                }
-                                i = end;
-                                continue;
-                            }
-                            _ => {}
-                        }
-                        i += 1;
-                    }
-                    true
-                });
-                if can {
-                    productive[r] = true;
-                    changed = true;
+                owner.push(r);
+                waiting.push((refs.len() - first_ref) as u32);
+                if refs.len() == first_ref && !productive[r as usize] {
+                    productive[r as usize] = true;
+                    found.push(r);
                 }
             }
-            if !changed {
-                return productive;
+        }
+        // The alternatives referring to each rule, grouped by rule (a counting sort).
+        let mut first = vec![0usize; n + 1];
+        for &(x, _) in &refs {
+            first[x as usize + 1] += 1;
+        }
+        for r in 0..n {
+            first[r + 1] += first[r];
+        }
+        let mut users = vec![0u32; refs.len()];
+        let mut next = first.clone();
+        for &(x, a) in &refs {
+            users[next[x as usize]] = a;
+            next[x as usize] += 1;
+        }
+        while let Some(r) = found.pop() {
+            for &a in &users[first[r as usize]..first[r as usize + 1]] {
+                waiting[a as usize] -= 1;
+                let o = owner[a as usize] as usize;
+                if waiting[a as usize] == 0 && !productive[o] {
+                    productive[o] = true;
+                    found.push(o as u32);
+                }
             }
         }
+        productive
     }
 
     /// A rule that can reach itself without matching a character first (llama.cpp's
@@ -340,15 +420,54 @@ fn class_matches_something(class: &[Elem]) -> bool {
 }
 // ANCHOR_END: class_matches_something
 
-/// llama.cpp's grammar parser, over bytes, remembering where it is for error messages.
+/// Whether a class matches a code point other than NUL: a negated class that also refuses
+/// NUL still matches something, or a range of a positive one reaches past 0.
+fn class_matches_besides_nul(class: &[Elem]) -> bool {
+    if matches!(class[0], Elem::CharNot(_)) {
+        let mut refused = class.to_vec();
+        refused.push(Elem::CharAlt(0));
+        return class_matches_something(&refused);
+    }
+    let mut i = 0;
+    while i < class.len() {
+        let lo = match class[i] {
+            Elem::CharAny => return true,
+            Elem::Char(c) | Elem::CharNot(c) | Elem::CharAlt(c) => c,
+            _ => unreachable!("a class starts with a character"),
+        };
+        let hi = match class.get(i + 1) {
+            Some(Elem::CharRngUpper(c)) => {
+                i += 1;
+                *c
+            }
+            _ => lo,
+        };
+        if lo.max(1) <= hi {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// llama.cpp's grammar parser, remembering where it is for error messages. It looks at the
+/// text a byte at a time (every character of the syntax is ASCII) and decodes a character
+/// only inside literals and classes, from where it stands: each byte is read once, so parsing
+/// is linear in the text.
 struct Parser<'a> {
+    text: &'a str,
     src: &'a [u8],
     pos: usize,
+    /// Rule names written in the text. Generated names (`root_3`) are not here: `_` is not a
+    /// name character, so the text cannot refer to them.
     symbols: HashMap<String, u32>,
     names: Vec<String>,
     rules: Vec<Option<Vec<Elem>>>,
     n_elems: usize,
     depth: usize,
+    /// Steps taken, and the question whose answer stops the parse (see [`STOP_CHECK_STEPS`]).
+    steps: usize,
+    stop: &'a dyn Fn() -> bool,
 }
 
 fn is_word_char(c: u8) -> bool {
@@ -426,10 +545,27 @@ impl Parser<'_> {
         id
     }
 
-    /// llama.cpp's `generate_symbol_id`: `base_N`, N the number of symbols so far.
+    /// llama.cpp's `generate_symbol_id`: `base_N`, N the number of symbols so far (`base`
+    /// cut to [`GENERATED_NAME_BASE_BYTES`]).
     fn generated_symbol(&mut self, base: &str) -> u32 {
-        let name = format!("{base}_{}", self.names.len());
-        self.new_symbol(name)
+        let mut cut = base.len().min(GENERATED_NAME_BASE_BYTES);
+        while !base.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let base = &base[..cut];
+        let id = self.names.len() as u32;
+        self.names.push(format!("{base}_{id}"));
+        self.rules.push(None);
+        id
+    }
+
+    /// Count a step, and every [`STOP_CHECK_STEPS`] ask whether to give up.
+    fn step(&mut self) -> Result<(), GrammarError> {
+        self.steps += 1;
+        if self.steps.is_multiple_of(STOP_CHECK_STEPS) && (self.stop)() {
+            return Err(GrammarError::Cancelled);
+        }
+        Ok(())
     }
 
     fn add_rule(&mut self, id: u32, rule: Vec<Elem>) -> Result<(), GrammarError> {
@@ -508,6 +644,7 @@ impl Parser<'_> {
 
     /// One escape or character of a literal or class, as a code point.
     fn parse_char(&mut self) -> Result<u32, GrammarError> {
+        self.step()?;
         let start = self.pos;
         match self.peek() {
             b'\\' => {
@@ -527,10 +664,33 @@ impl Parser<'_> {
                         )),
                     }
                 };
+                // `\u` and `\U` can write numbers that are no character: UTF-16's surrogates
+                // and what lies past U+10FFFF. No text holds them, so a class or literal with
+                // one would mean something other than what it says.
+                let code_point = |p: &mut Self, n: usize| -> Result<u32, GrammarError> {
+                    let v = hex(p, n)?;
+                    let written = String::from_utf8_lossy(&p.src[start..p.pos]).into_owned();
+                    if (0xD800..=0xDFFF).contains(&v) {
+                        Err(p.error_at(
+                            start,
+                            format!(
+                                "`{written}` is a UTF-16 surrogate (U+D800 to U+DFFF), not a \
+                                 character"
+                            ),
+                        ))
+                    } else if v > char::MAX as u32 {
+                        Err(p.error_at(
+                            start,
+                            format!("`{written}` is past U+10FFFF, the last character"),
+                        ))
+                    } else {
+                        Ok(v)
+                    }
+                };
                 match kind {
                     b'x' => hex(self, 2),
-                    b'u' => hex(self, 4),
-                    b'U' => hex(self, 8),
+                    b'u' => code_point(self, 4),
+                    b'U' => code_point(self, 8),
                     b't' => Ok('\t' as u32),
                     b'r' => Ok('\r' as u32),
                     b'n' => Ok('\n' as u32),
@@ -544,11 +704,11 @@ impl Parser<'_> {
             }
             0 if self.pos >= self.src.len() => Err(self.error("unexpected end of input")),
             _ => {
-                // One UTF-8 character (the text is a &str, so it is valid).
-                let rest = std::str::from_utf8(&self.src[self.pos..]).unwrap_or("");
-                let c = rest.chars().next().ok_or_else(|| {
-                    self.error("expected a character (the text is not UTF-8 here)")
-                })?;
+                // One character, decoded where it starts: the parser moves over ASCII a byte at
+                // a time and over other characters whole, so it stands on a boundary.
+                let c = (self.text.get(self.pos..))
+                    .and_then(|rest| rest.chars().next())
+                    .ok_or_else(|| self.error("expected a character"))?;
                 self.pos += c.len_utf8();
                 Ok(c as u32)
             }
@@ -579,6 +739,7 @@ impl Parser<'_> {
         // each repetition applied to it; above MAX_REPETITION it refuses the grammar.
         let mut n_prev_rules: u64 = 1;
         while self.pos < self.src.len() {
+            self.step()?;
             let c = self.peek();
             match c {
                 b'"' => {
@@ -891,5 +1052,32 @@ mod tests {
         assert!(err(&deep).contains("nested more than"));
         let big = format!("root ::= \"{}\"", "a".repeat(MAX_GRAMMAR_BYTES));
         assert!(err(&big).contains("bytes; at most"));
+    }
+
+    #[test]
+    fn generated_names_keep_a_bounded_part_of_the_rule_name() {
+        let long = "n".repeat(10_000);
+        let g = Grammar::parse(
+            &format!("root ::= {long}\n{long} ::= (\"a\") (\"b\")*"),
+            "root",
+        )
+        .expect("a long rule name");
+        let base = &long[..GENERATED_NAME_BASE_BYTES];
+        let generated: Vec<&String> = g.names.iter().filter(|n| n.contains('_')).collect();
+        assert_eq!(generated.len(), 3, "{:?}", g.names);
+        for (name, id) in generated.iter().zip(2..) {
+            assert_eq!(**name, format!("{base}_{id}"));
+        }
+    }
+
+    #[test]
+    fn nul_is_needed_only_when_every_sentence_has_one() {
+        let needs = |text: &str| Grammar::parse(text, "root").expect(text).needs_nul();
+        assert!(needs(r#"root ::= "a" [\x00]"#));
+        assert!(needs(r#"root ::= "a" ([\x00] | [^\x01-\U0010FFFF])+"#));
+        assert!(!needs(r#"root ::= "a" | "b" [\x00]"#));
+        assert!(!needs(r#"root ::= [\x00-\x01]"#));
+        assert!(!needs(r#"root ::= [^\x01]"#));
+        assert!(!needs("root ::= \"a\" .*"));
     }
 }

@@ -66,6 +66,8 @@ impl TokenIndex {
     /// The trie of `tokenizer`'s pieces (special tokens rendered as their text, as llama.cpp's
     /// grammar sees them). End-of-generation tokens and empty pieces are not in the trie: the
     /// first are allowed when the grammar is complete, the second never (llama.cpp's rules).
+    /// Nor are pieces that start with NUL, which llama.cpp reads as empty (its pieces are
+    /// 0-terminated strings); a grammar that needs NUL is refused when compiled instead.
     pub fn new(tokenizer: &Tokenizer) -> TokenIndex {
         let n = tokenizer.vocab_size();
         let pieces: Vec<Vec<u8>> = (0..n as u32).map(|t| tokenizer.token_to_piece(t)).collect();

@@ -13,7 +13,9 @@
 //! matcher also carries the start of an unfinished character ([`Partial`]) and keeps a token
 //! only if some class could still match a character starting with those bytes.
 
-use crate::gbnf::{Elem, Grammar};
+use crate::gbnf::{Elem, Grammar, STOP_CHECK_STEPS};
+use rustc_hash::FxHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 // ANCHOR: limits
@@ -37,16 +39,35 @@ pub enum MatchError {
          than {MAX_STACK_DEPTH} deep; simplify the grammar (it is ambiguous)"
     )]
     TooManyStacks,
+    #[error("stopped: the request was cancelled")]
+    Cancelled,
 }
 
 // ANCHOR: stacks
 /// A set of stacks, stored flat: stack `i` is `data[ends[i-1]..ends[i]]`, top last.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stacks {
+    /// A hash of each stack, compared before the stack itself: deep stacks that differ only
+    /// at the top would otherwise be compared position by position, and finding one among
+    /// thousands would cost their depth times their number.
+    hashes: Vec<u64>,
     data: Vec<u32>,
     ends: Vec<u32>,
 }
 // ANCHOR_END: stacks
+
+/// The stacks' hashes stand for them (equal stacks have equal hashes).
+impl Hash for Stacks {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.hashes.hash(state);
+    }
+}
+
+fn stack_hash(s: &[u32]) -> u64 {
+    let mut h = FxHasher::default();
+    s.hash(&mut h);
+    h.finish()
+}
 
 impl Stacks {
     pub fn len(&self) -> usize {
@@ -58,6 +79,7 @@ impl Stacks {
     }
 
     pub fn clear(&mut self) {
+        self.hashes.clear();
         self.data.clear();
         self.ends.clear();
     }
@@ -72,10 +94,19 @@ impl Stacks {
     }
 
     fn contains(&self, s: &[u32]) -> bool {
-        self.iter().any(|t| t == s)
+        self.contains_hashed(s, stack_hash(s))
+    }
+
+    fn contains_hashed(&self, s: &[u32], hash: u64) -> bool {
+        (self.hashes.iter().enumerate()).any(|(i, &h)| h == hash && self.get(i) == s)
     }
 
     fn push(&mut self, s: &[u32]) {
+        self.push_hashed(s, stack_hash(s));
+    }
+
+    fn push_hashed(&mut self, s: &[u32], hash: u64) {
+        self.hashes.push(hash);
         self.data.extend_from_slice(s);
         self.ends.push(self.data.len() as u32);
     }
@@ -84,6 +115,7 @@ impl Stacks {
         let Some(_) = self.ends.pop() else {
             return false;
         };
+        self.hashes.pop();
         let start = self.ends.last().map_or(0, |&e| e as usize);
         out.clear();
         out.extend_from_slice(&self.data[start..]);
@@ -241,12 +273,30 @@ impl Grammar {
         out: &mut Stacks,
         s: &mut Scratch,
     ) -> Result<(), MatchError> {
+        self.advance_until(stack, out, s, &|| false)
+    }
+
+    /// [`Grammar::advance`], giving up with [`MatchError::Cancelled`] once `stop` says so
+    /// (asked every [`STOP_CHECK_STEPS`] stacks).
+    fn advance_until(
+        &self,
+        stack: &[u32],
+        out: &mut Stacks,
+        s: &mut Scratch,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), MatchError> {
         let elems = &self.elems;
         s.todo.clear();
         s.seen.clear();
         s.todo.push(stack);
+        let mut steps = 0usize;
         while s.todo.pop_into(&mut s.cur) {
-            if s.seen.contains(&s.cur) {
+            steps += 1;
+            if steps.is_multiple_of(STOP_CHECK_STEPS) && stop() {
+                return Err(MatchError::Cancelled);
+            }
+            let hash = stack_hash(&s.cur);
+            if s.seen.contains_hashed(&s.cur, hash) {
                 continue;
             }
             if s.seen.len() >= MAX_STACKS || s.cur.len() > MAX_STACK_DEPTH {
@@ -254,7 +304,7 @@ impl Grammar {
             }
             // Each stack is compared with those seen: the work grows with both.
             s.work += (s.cur.len() + 1) as u64 * (s.seen.len() + 1) as u64;
-            s.seen.push(&s.cur);
+            s.seen.push_hashed(&s.cur, hash);
             let Some(&top) = s.cur.last() else {
                 if !out.contains(&[]) {
                     out.push(&[]);
@@ -289,11 +339,11 @@ impl Grammar {
                     }
                 }
                 _ => {
-                    if !out.contains(&s.cur) {
+                    if !out.contains_hashed(&s.cur, hash) {
                         if out.len() >= MAX_STACKS {
                             return Err(MatchError::TooManyStacks);
                         }
-                        out.push(&s.cur);
+                        out.push_hashed(&s.cur, hash);
                     }
                 }
             }
@@ -304,16 +354,31 @@ impl Grammar {
 
     /// The stacks at the start: rule `root`'s alternatives, advanced.
     pub fn initial_stacks(&self, s: &mut Scratch) -> Result<Stacks, MatchError> {
+        self.initial_stacks_until(s, &|| false)
+    }
+
+    /// [`Grammar::initial_stacks`], giving up with [`MatchError::Cancelled`] once `stop` says
+    /// so (asked every [`STOP_CHECK_STEPS`] stacks and alternatives).
+    pub fn initial_stacks_until(
+        &self,
+        s: &mut Scratch,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Stacks, MatchError> {
         let mut out = Stacks::default();
         let elems = &self.elems;
         let mut alt = self.starts[self.root as usize] as usize;
+        let mut steps = 0usize;
         loop {
+            steps += 1;
+            if steps.is_multiple_of(STOP_CHECK_STEPS) && stop() {
+                return Err(MatchError::Cancelled);
+            }
             if elems[alt].ends_sequence() {
                 if !out.contains(&[]) {
                     out.push(&[]);
                 }
             } else {
-                self.advance(&[alt as u32], &mut out, s)?;
+                self.advance_until(&[alt as u32], &mut out, s, stop)?;
             }
             while !elems[alt].ends_sequence() {
                 alt += 1;

@@ -31,6 +31,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
+use crate::gbnf::STOP_CHECK_STEPS;
+
 use serde_json::Value;
 
 /// The deepest JSON nesting read, from text or from a [`Value`]: a schema at
@@ -137,6 +139,9 @@ pub enum SchemaError {
     /// The grammar text grows past [`MAX_GRAMMAR_BYTES`].
     #[error("the grammar grows past MAX_GRAMMAR_BYTES ({limit} bytes)")]
     GrammarTooLarge { limit: usize },
+    /// The conversion was given up ([`schema_text_to_grammar_until`]).
+    #[error("converting stopped: the request was cancelled")]
+    Cancelled,
 }
 
 // ANCHOR: strictness
@@ -173,34 +178,67 @@ pub fn schema_to_grammar(schema: &Value) -> Result<String, SchemaError> {
 
 /// The grammar of a JSON Schema given as text, strictly; properties in the text's order.
 pub fn schema_text_to_grammar(text: &str) -> Result<String, SchemaError> {
-    convert_text(text, Strictness::Strict).map(|c| c.grammar)
+    schema_text_to_grammar_until(text, &|| false)
+}
+
+/// [`schema_text_to_grammar`], giving up with [`SchemaError::Cancelled`] once `stop` says so
+/// (asked every [`STOP_CHECK_STEPS`] subschemas read or visited, or pattern characters).
+pub fn schema_text_to_grammar_until(
+    text: &str,
+    stop: &dyn Fn() -> bool,
+) -> Result<String, SchemaError> {
+    convert_json(&Json::parse(text)?, Strictness::Strict, stop).map(|c| c.grammar)
 }
 
 /// Convert a schema held as a [`Value`] (see [`schema_to_grammar`] on property order).
 pub fn convert(schema: &Value, strictness: Strictness) -> Result<Conversion, SchemaError> {
-    convert_json(&Json::from_value(schema, 0)?, strictness)
+    convert_json(&Json::from_value(schema, 0)?, strictness, &|| false)
 }
 
 /// Convert a schema given as JSON text, keeping the order of its properties, as llama.cpp
 /// does (its JSON objects keep insertion order).
 pub fn convert_text(text: &str, strictness: Strictness) -> Result<Conversion, SchemaError> {
-    convert_json(&Json::parse(text)?, strictness)
+    convert_json(&Json::parse(text)?, strictness, &|| false)
 }
 
-fn convert_json(schema: &Json, strictness: Strictness) -> Result<Conversion, SchemaError> {
+fn convert_json(
+    schema: &Json,
+    strictness: Strictness,
+    stop: &dyn Fn() -> bool,
+) -> Result<Conversion, SchemaError> {
     let mut warnings = Warnings {
         strictness,
         list: Vec::new(),
         seen: HashSet::new(),
     };
-    let doc = Builder::build(schema, &mut warnings)?;
-    let mut conv = Converter::new(&doc, &mut warnings);
+    let doc = Builder::build(schema, &mut warnings, Stop::new(stop))?;
+    let mut conv = Converter::new(&doc, &mut warnings, Stop::new(stop));
     conv.visit(doc.root, "", 0)?;
     let grammar = conv.format_grammar();
     Ok(Conversion {
         grammar,
         warnings: warnings.list,
     })
+}
+
+/// The question whose answer gives the conversion up, asked every [`STOP_CHECK_STEPS`] steps.
+struct Stop<'s> {
+    ask: &'s dyn Fn() -> bool,
+    steps: usize,
+}
+
+impl<'s> Stop<'s> {
+    fn new(ask: &'s dyn Fn() -> bool) -> Self {
+        Stop { ask, steps: 0 }
+    }
+
+    fn step(&mut self) -> Result<(), SchemaError> {
+        self.steps += 1;
+        if self.steps.is_multiple_of(STOP_CHECK_STEPS) && (self.ask)() {
+            return Err(SchemaError::Cancelled);
+        }
+        Ok(())
+    }
 }
 
 /// Problems that are errors when strict and warnings otherwise.
@@ -931,16 +969,30 @@ struct Builder<'j, 'w> {
     nodes: Vec<Node>,
     /// Each `$ref` built once; None while its target is being built (a cycle stops there).
     refs: HashMap<String, Option<NodeId>>,
+    /// The keys of the large objects `$ref`s lead through (`$defs` with thousands of
+    /// entries), by the object's address: found by a hash, not by reading the entries before.
+    keys: HashMap<usize, HashMap<&'j str, &'j Json>>,
     warnings: &'w mut Warnings,
+    stop: Stop<'w>,
 }
 
+/// Objects with more entries than this get an index of their keys when a `$ref` leads through
+/// them; reading a few entries is quicker than hashing.
+const INDEXED_OBJECT_ENTRIES: usize = 16;
+
 impl<'j, 'w> Builder<'j, 'w> {
-    fn build(root: &'j Json, warnings: &'w mut Warnings) -> Result<Document, SchemaError> {
+    fn build(
+        root: &'j Json,
+        warnings: &'w mut Warnings,
+        stop: Stop<'w>,
+    ) -> Result<Document, SchemaError> {
         let mut b = Builder {
             root,
             nodes: Vec::new(),
             refs: HashMap::new(),
+            keys: HashMap::new(),
             warnings,
+            stop,
         };
         let root_id = b.build_node(root, "#", 0, None)?;
         let refs = b
@@ -1037,6 +1089,7 @@ impl<'j, 'w> Builder<'j, 'w> {
                 limit: MAX_SCHEMA_DEPTH,
             });
         }
+        self.stop.step()?;
         let Json::Object(obj) = schema else {
             return Err(invalid(path, "schema must be an object"));
         };
@@ -1256,7 +1309,7 @@ impl<'j, 'w> Builder<'j, 'w> {
     }
 
     /// The value a `#/a/b/0` pointer names (segments as written, as llama.cpp reads them).
-    fn resolve(&self, reference: &str, path: &str) -> Result<&'j Json, SchemaError> {
+    fn resolve(&mut self, reference: &str, path: &str) -> Result<&'j Json, SchemaError> {
         let mut target = self.root;
         for sel in reference[1..].split('/').skip(1) {
             let fail = |what: &str| SchemaError::Ref {
@@ -1265,6 +1318,13 @@ impl<'j, 'w> Builder<'j, 'w> {
                 reason: format!("`{sel}` {what}"),
             };
             target = match target {
+                Json::Object(o) if o.len() > INDEXED_OBJECT_ENTRIES => {
+                    let keys = self.keys.entry(o.as_ptr() as usize).or_insert_with(|| {
+                        // Keys are unique: the reader keeps one entry per key.
+                        o.iter().map(|(k, v)| (k.as_str(), v)).collect()
+                    });
+                    keys.get(sel).copied().ok_or_else(|| fail("not found"))?
+                }
                 Json::Object(o) => get(o, sel).ok_or_else(|| fail("not found"))?,
                 Json::Array(a) => sel
                     .parse::<usize>()
@@ -1321,6 +1381,8 @@ impl<'j, 'w> Builder<'j, 'w> {
         }
 
         let mut properties = Vec::new();
+        let required_set: HashSet<&str> = required.iter().copied().collect();
+        let mut names: HashSet<&str> = HashSet::new();
         if let Some(props) = get(obj, "properties") {
             let Json::Object(props) = props else {
                 return Err(invalid(path, "properties must be an object"));
@@ -1331,12 +1393,13 @@ impl<'j, 'w> Builder<'j, 'w> {
                 properties.push(Property {
                     name: name.clone(),
                     schema,
-                    required: required.contains(&name.as_str()),
+                    required: required_set.contains(name.as_str()),
                 });
+                names.insert(name);
             }
         }
         for name in &required {
-            if !properties.iter().any(|p| p.name == *name) {
+            if !names.contains(name) {
                 self.warnings.report(unsupported(
                     path,
                     "required",
@@ -2181,7 +2244,10 @@ fn stoi(s: &str) -> Option<i64> {
 struct Converter<'d, 'w> {
     doc: &'d Document,
     warnings: &'w mut Warnings,
+    stop: Stop<'w>,
     rules: BTreeMap<String, String>,
+    /// What `add_rule` learnt of the numbered names of each name taken by another body.
+    numbered: HashMap<String, Numbered>,
     /// Bytes the grammar text will have.
     bytes: usize,
     visits: usize,
@@ -2190,12 +2256,23 @@ struct Converter<'d, 'w> {
     refs_being_resolved: HashSet<String>,
 }
 
+/// The names `name0`, `name1`, … that `add_rule` found taken, for one `name`.
+#[derive(Default)]
+struct Numbered {
+    /// `name0` up to `name{taken - 1}` are all rules.
+    taken: usize,
+    /// The first of those numbers that has each body.
+    bodies: HashMap<String, usize>,
+}
+
 impl<'d, 'w> Converter<'d, 'w> {
-    fn new(doc: &'d Document, warnings: &'w mut Warnings) -> Self {
+    fn new(doc: &'d Document, warnings: &'w mut Warnings, stop: Stop<'w>) -> Self {
         let mut c = Converter {
             doc,
             warnings,
+            stop,
             rules: BTreeMap::new(),
+            numbered: HashMap::new(),
             bytes: 0,
             visits: 0,
             journal: None,
@@ -2222,12 +2299,24 @@ impl<'d, 'w> Converter<'d, 'w> {
             None => esc,
             Some(b) if b == body => return Ok(esc),
             Some(_) => {
-                let mut i = 0usize;
+                // llama.cpp's name is the first `esc{i}` that is free or has this body. Many
+                // names can make the same `esc` (every property named with one letter of
+                // another script makes `-`), so what was tried is kept: the numbers before
+                // `taken` are not tried again, and the bodies found there are looked up.
+                let numbered = self.numbered.entry(esc.clone()).or_default();
+                if let Some(&i) = numbered.bodies.get(body) {
+                    return Ok(format!("{esc}{i}"));
+                }
                 loop {
-                    let key = format!("{esc}{i}");
+                    let key = format!("{esc}{}", numbered.taken);
                     match self.rules.get(&key) {
-                        Some(b) if b != body => i += 1,
-                        Some(_) => return Ok(key),
+                        Some(b) => {
+                            numbered.bodies.entry(b.clone()).or_insert(numbered.taken);
+                            numbered.taken += 1;
+                            if b == body {
+                                return Ok(key);
+                            }
+                        }
                         None => break key,
                     }
                 }
@@ -2279,6 +2368,7 @@ impl<'d, 'w> Converter<'d, 'w> {
         if self.visits > MAX_VISITS {
             return Err(SchemaError::TooMuchWork { limit: MAX_VISITS });
         }
+        self.stop.step()?;
         let rule_name = if is_reserved_name(name) {
             format!("{name}-")
         } else if name.is_empty() {
@@ -2787,6 +2877,8 @@ impl<'d, 'w> Converter<'d, 'w> {
                     c.bytes -= key.len() + " ::= ".len() + body.len() + 1;
                 }
             }
+            // A number found taken may be free again.
+            c.numbered.clear();
         };
         match result {
             Ok(rule) => Ok(rule),
@@ -2851,6 +2943,7 @@ impl<'d, 'w> Converter<'d, 'w> {
         let substr =
             |p: &[char], i: usize, n: usize| p[i..(i + n).min(p.len())].iter().collect::<String>();
         while cx.i < len {
+            self.stop.step()?;
             let c = cx.p[cx.i];
             match c {
                 '.' => {
@@ -2927,7 +3020,13 @@ impl<'d, 'w> Converter<'d, 'w> {
                     let Some(last) = seq.last_mut() else {
                         return Err(PatternFail::Invalid("nothing to repeat".to_string()));
                     };
-                    *last = (format!("{}{c}", piece_rule(last)), false);
+                    // In place: copying the piece for each of a run of quantifiers (`a****…`)
+                    // would be quadratic in the run.
+                    if last.1 {
+                        *last = (format!("{}{c}", piece_rule(last)), false);
+                    } else {
+                        last.0.push(c);
+                    }
                     cx.i += 1;
                 }
                 '{' => {

@@ -267,18 +267,26 @@ fn gemma3_computes_the_gguf_files_logits_exactly() {
 }
 
 /// The texts a tokenizer is checked on: the project's corpus for vocabulary `vocab`
-/// (`reference-data/tokenizer/corpus.json`) and llama.cpp's test texts for it.
+/// (`reference-data/tokenizer/corpus.json`) and, for a vocabulary of one of llama.cpp's
+/// vocabulary-only test files (`ggml-vocab-<name>.gguf`), llama.cpp's test texts for it. The
+/// default model's and Gemma 3's vocabularies come from the models themselves, and llama.cpp
+/// has no test texts for them.
 fn corpus(vocab: &str) -> Vec<String> {
-    let corpus = testkit::refdata::json("tokenizer/corpus.json").unwrap();
+    let corpus = testkit::refdata::json("tokenizer/corpus.json").unwrap_or_else(|e| panic!("{e}"));
     let mut texts: Vec<String> = corpus["vocabs"][vocab]["strings"]
         .as_array()
         .unwrap_or_else(|| panic!("no corpus for {vocab}"))
         .iter()
         .map(|s| s["text"].as_str().unwrap().to_string())
         .collect();
-    let file = corpus["vocabs"][vocab]["file"].as_str().unwrap_or("");
-    if let Ok(inp) = testkit::refdata::read(&format!("tokenizer/{file}.inp")) {
-        let inp = String::from_utf8(inp).unwrap();
+    let file = corpus["vocabs"][vocab]["file"]
+        .as_str()
+        .unwrap_or_else(|| panic!("tokenizer/corpus.json names no file for {vocab}"));
+    if file.starts_with("ggml-vocab-") {
+        // A missing file is an error that says how to regenerate the reference data.
+        let rel = format!("tokenizer/{file}.inp");
+        let inp = testkit::refdata::read(&rel).unwrap_or_else(|e| panic!("{vocab}: {e}"));
+        let inp = String::from_utf8(inp).unwrap_or_else(|e| panic!("{rel} is not UTF-8: {e}"));
         texts.extend(inp.split("\n__ggml_vocab_test__\n").map(str::to_string));
     }
     texts

@@ -415,12 +415,13 @@ mod tests {
         }
     }
 
-    /// `round_away512` gives the rule's integers, lane by lane (on a CPU with AVX-512 F; CI's
-    /// has it, and the rule itself is checked everywhere above).
+    /// `round_away512` gives the rule's integers, lane by lane. It belongs to the AVX-512 set:
+    /// a CPU without that set fails here unless `LLM_RS_ALLOW_MISSING_ISA` is set
+    /// (`testkit::isa`; the rule itself is checked everywhere above).
     #[test]
     fn round_away512_equals_f32_round() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("no AVX-512 F on this CPU: round_away512 cannot run here");
+        let isa = crate::kernels::Isa::Avx512;
+        if !testkit::isa::require(isa.name(), &isa.missing_features()) {
             return;
         }
         #[target_feature(enable = "avx512f")]
@@ -438,7 +439,7 @@ mod tests {
         for chunk in values.chunks(16) {
             let mut x = [0f32; 16];
             x[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: the CPU has AVX-512 F (checked above).
+            // SAFETY: the CPU has AVX-512 F, part of the AVX-512 set (checked above).
             let got = unsafe { round16(&x) };
             for (i, &v) in x.iter().enumerate() {
                 assert_eq!(got[i], want(v), "{v:e} ({:#010x})", v.to_bits());
