@@ -448,6 +448,8 @@ fn a_compiling_request_holds_its_place_and_is_given_up_by_its_client_and_its_tim
         (r.status().as_u16(), r.json::<Value>().unwrap())
     });
     wait_until("two requests compiling", || in_flight(&s) == 2.0);
+    // ANCHOR_END: stalled_compiles
+    // ANCHOR: stalled_compiles_given_up
     // Compiling, they hold both places: a third request is refused at once.
     let r = s.post("/v1/chat/completions", &chat("Hi", 4));
     let status = r.status();
@@ -479,7 +481,7 @@ fn a_compiling_request_holds_its_place_and_is_given_up_by_its_client_and_its_tim
     let a = s.ok("/v1/chat/completions", &chat("Hi", 4));
     assert!(a["usage"]["completion_tokens"].as_u64().unwrap() > 0);
 }
-// ANCHOR_END: stalled_compiles
+// ANCHOR_END: stalled_compiles_given_up
 
 #[test]
 fn sigterm_while_requests_compile_answers_them_503_and_exits_within_the_bound() {

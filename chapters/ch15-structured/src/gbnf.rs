@@ -165,6 +165,8 @@ impl Grammar {
             stop,
         };
         p.parse_grammar()?;
+        // ANCHOR_END: parse
+        // ANCHOR: parse_checks
         let Parser { names, rules, .. } = p;
         for (id, rule) in rules.iter().enumerate() {
             if rule.is_none() {
@@ -196,7 +198,7 @@ impl Grammar {
         }
         Ok(g)
     }
-    // ANCHOR_END: parse
+    // ANCHOR_END: parse_checks
 
     /// Whether every sentence of the grammar has a NUL character (`\x00`) in it. Generation
     /// cannot give such a grammar what it needs: as in llama.cpp, whose token pieces are

@@ -130,6 +130,8 @@ fn big_grammars_compile_off_the_servers_threads_and_inside_its_limits() {
         let (status, body) = c.join().unwrap();
         assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
     }
+    // ANCHOR_END: grammar_flood
+    // ANCHOR: grammar_flood_queue
 
     // Twenty requests with grammars, at once: two run, eight wait, the rest are refused
     // (503), whatever their grammars cost — a request holds its place while it compiles.
@@ -155,7 +157,7 @@ fn big_grammars_compile_off_the_servers_threads_and_inside_its_limits() {
     assert_eq!(ok + busy, 20, "{statuses:?}");
     assert!(ok <= 10 && busy >= 10, "{statuses:?}");
 }
-// ANCHOR_END: grammar_flood
+// ANCHOR_END: grammar_flood_queue
 
 /// Every request of these tests ends within this; a hung server fails the test, not hangs it.
 const CLIENT_LIMIT: Duration = Duration::from_secs(300);
