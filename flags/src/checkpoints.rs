@@ -63,10 +63,11 @@ pub struct CheckpointServer {
 }
 
 pub fn serve_from(argv: Vec<OsString>, archs: Architectures) {
+    let program = argv.first().cloned().unwrap_or_default();
     let flags: CheckpointServer = production::parse_or_exit(argv);
     let mut args = speculative::serve_args(flags.speculative, archs);
     args.serve.files = Arc::new(Checkpoints {
         precision: flags.quantize,
     });
-    production::run_checked::<CheckpointServer>(&args);
+    production::run_checked::<CheckpointServer>(&args, &program);
 }

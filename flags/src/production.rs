@@ -7,7 +7,7 @@ use crate::settings;
 use ch12::ch11::Formats;
 use ch12::{Architectures, Args, LogFormat};
 use clap::{CommandFactory, Parser, ValueEnum};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -144,10 +144,11 @@ pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
 
 /// [`main_from`], the requests' output forms those of `formats` (a later chapter's).
 pub fn main_with(argv: Vec<OsString>, archs: Architectures, formats: Arc<dyn Formats>) {
+    let program = argv.first().cloned().unwrap_or_default();
     let flags: Production = parse_or_exit(argv);
     let mut args = flags.args(archs);
     args.serve.formats = formats;
-    run_checked::<Production>(&args);
+    run_checked::<Production>(&args, &program);
 }
 
 /// The flags `P` (a server's: these, or a later chapter's around them) from `argv`, the
@@ -163,10 +164,12 @@ pub fn parse_or_exit<P: Parser>(argv: Vec<OsString>) -> P {
     }
 }
 
-/// Check `args` (exit 2 naming the flag of `P` that is wrong), then run the server.
-pub fn run_checked<P: CommandFactory>(args: &Args) {
+/// Check `args` (exit 2 naming the flag of `P` that is wrong, with the usage of `program`,
+/// the command line's first item), then run the server.
+pub fn run_checked<P: CommandFactory>(args: &Args, program: &OsStr) {
     if let Err(e) = args.check() {
         P::command()
+            .bin_name(program.to_string_lossy())
             .error(clap::error::ErrorKind::ValueValidation, e)
             .exit();
     }

@@ -129,8 +129,9 @@ pub enum ServeSpec {
 /// `llm-rs serve`: chapter 12's server with chapter 15's output forms and, with `--spec
 /// ngram`, each request's guesses checked in the continuous batch.
 pub fn serve_from(argv: Vec<OsString>, archs: Architectures) {
+    let program = argv.first().cloned().unwrap_or_default();
     let flags: SpeculativeServer = production::parse_or_exit(argv);
-    production::run_checked::<SpeculativeServer>(&serve_args(flags, archs));
+    production::run_checked::<SpeculativeServer>(&serve_args(flags, archs), &program);
 }
 
 /// The server's settings `flags` give for `archs`; a usage error exits with status 2.
