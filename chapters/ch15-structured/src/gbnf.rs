@@ -422,34 +422,31 @@ fn class_matches_something(class: &[Elem]) -> bool {
 }
 // ANCHOR_END: class_matches_something
 
-/// Whether a class matches a code point other than NUL: a negated class that also refuses
-/// NUL still matches something, or a range of a positive one reaches past 0.
+/// Whether a class matches a code point other than NUL: the same class with NUL taken out —
+/// added to a negated class's list, cut from the bottom of a positive class's ranges — still
+/// matches something.
 fn class_matches_besides_nul(class: &[Elem]) -> bool {
-    if matches!(class[0], Elem::CharNot(_)) {
-        let mut refused = class.to_vec();
-        refused.push(Elem::CharAlt(0));
-        return class_matches_something(&refused);
-    }
-    let mut i = 0;
-    while i < class.len() {
-        let lo = match class[i] {
-            Elem::CharAny => return true,
-            Elem::Char(c) | Elem::CharNot(c) | Elem::CharAlt(c) => c,
-            _ => unreachable!("a class starts with a character"),
-        };
-        let hi = match class.get(i + 1) {
-            Some(Elem::CharRngUpper(c)) => {
-                i += 1;
-                *c
+    let mut without = Vec::with_capacity(class.len() + 2);
+    for (k, &e) in class.iter().enumerate() {
+        match e {
+            // A range starting at NUL starts at 1; NUL alone becomes the empty range 1..0.
+            Elem::Char(0) | Elem::CharAlt(0) => {
+                without.push(if matches!(e, Elem::Char(_)) {
+                    Elem::Char(1)
+                } else {
+                    Elem::CharAlt(1)
+                });
+                if !matches!(class.get(k + 1), Some(Elem::CharRngUpper(_))) {
+                    without.push(Elem::CharRngUpper(0));
+                }
             }
-            _ => lo,
-        };
-        if lo.max(1) <= hi {
-            return true;
+            _ => without.push(e),
         }
-        i += 1;
     }
-    false
+    if matches!(class[0], Elem::CharNot(_)) {
+        without.push(Elem::CharAlt(0));
+    }
+    class_matches_something(&without)
 }
 
 /// llama.cpp's grammar parser, remembering where it is for error messages. It looks at the

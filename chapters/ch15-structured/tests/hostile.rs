@@ -244,6 +244,7 @@ fn a_grammar_that_needs_nul_is_refused() {
     // there, and the text end early where the grammar rejects it: it is refused, naming NUL.
     for grammar in [
         r#"root ::= "x" [\x00]"#,
+        r#"root ::= "x" [^\x01-\U0010FFFF]"#,
         r#"root ::= "x\x00""#,
         r#"root ::= "x" [^\x01-\U0010FFFF]"#,
         "root ::= \"x\" n+\nn ::= [\\x00] | \"\\x00\" n",
@@ -258,6 +259,7 @@ fn a_grammar_that_needs_nul_is_refused() {
         r#"root ::= "x" [\x00]?"#,
         r#"root ::= "x" [\x00-\x01]"#,
         r#"root ::= "x" [\x01]"#,
+        r#"root ::= "x" [\x00a]"#,
         r#"root ::= "x" [^\x00]"#,
     ] {
         if let Err(e) = compile(&Source::Grammar(grammar.to_string())) {

@@ -76,8 +76,8 @@ fn with_grammar(grammar: &str, max_tokens: usize) -> String {
 #[test]
 fn big_grammars_compile_off_the_servers_threads_and_inside_its_limits() {
     /// How long `/health` and a small chat may take while big grammars compile. They take
-    /// milliseconds; a compile on the threads that serve HTTP held them for seconds (10 s for
-    /// a 1 MB literal when compiling was quadratic). The margin is for a loaded two-core
+    /// milliseconds when compiles run off the threads that serve HTTP; a compile on those
+    /// threads would hold them for its whole time. The margin is for a loaded two-core
     /// machine.
     const HEALTH_LIMIT: Duration = Duration::from_secs(1);
     const CHAT_LIMIT: Duration = Duration::from_secs(5);
