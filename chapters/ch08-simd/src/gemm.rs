@@ -36,8 +36,8 @@
 //! Q6_K's offset of 32) is taken once per super-block, in 16-bit pairs (`vpdpwssd`). Chapter 6
 //! (like ggml's generic code) instead keeps eight float partial sums per row, one per position
 //! modulo 8, and adds them at the end: the same value in exact arithmetic, rounded differently.
-//! These kernels therefore agree with the scalar ones to float rounding, like the SIMD `vec_dot`s
-//! of [`crate::kernels`], not bit for bit.
+//! These kernels therefore agree with the scalar ones to float rounding, like the k-quant SIMD
+//! `vec_dot`s of [`crate::kernels`], not bit for bit.
 
 use crate::ch01::GgmlType;
 use crate::ch03::LoadError;

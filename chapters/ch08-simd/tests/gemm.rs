@@ -1,10 +1,11 @@
 //! The fast matrix product against chapter 6's scalar one, on random matrices.
 //!
-//! The packed micro-kernel for 32-weight blocks performs, in each lane, the operations of
-//! chapter 6's scalar `vec_dot` in the same order, and the activation quantizers of every kernel
-//! set give the scalar bytes: so its products must equal chapter 6's exactly, for any number of
-//! tokens and threads. The k-quant kernels and the row-at-a-time path with SIMD `vec_dot`s add
-//! the same exact integer sums in another order; they are held to a float-rounding tolerance.
+//! For 32-weight blocks, the packed micro-kernel performs, in each lane, the operations of
+//! chapter 6's scalar `vec_dot` in the same order, and so do the SIMD `vec_dot`s of the
+//! row-at-a-time path; the activation quantizers of every kernel set give the scalar bytes. So
+//! both layouts' products must equal chapter 6's exactly, for any number of tokens and threads.
+//! The k-quant kernels add the same exact integer sums in another order; they are held to a
+//! float-rounding tolerance.
 
 use ch08::ch01::GgmlType;
 use ch08::fast_matrix::{FastMatrix, Store};
@@ -128,26 +129,28 @@ fn fast_products_equal_chapter_6s() {
                             if pi > 0 && n % 2 == 0 {
                                 continue;
                             }
-                            let data = q.data.clone();
-                            let qm = QMatrix::new("w", ty, rows, cols, data).unwrap();
-                            let m = FastMatrix::new("w", qm, &set, pool, true).unwrap();
-                            let mut got = vec![f32::NAN; n * rows];
-                            m.matmul(&x, &mut got);
-                            let exact = set.isa == Isa::Scalar
-                                || matches!(&m.store, Store::Packed(p) if p.ty.qk() == 32);
-                            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                                let ok = if exact {
-                                    g.to_bits() == w.to_bits()
-                                } else {
-                                    (g - w).abs() <= REORDERED_REL * w.abs().max(1.0)
-                                };
-                                assert!(
-                                    ok,
-                                    "{ty} ({rows}, {cols}) × {n} tokens, {}: out[{}][{}] = {g}, scalar {w}",
-                                    m.describe(),
-                                    i / rows,
-                                    i % rows
-                                );
+                            // Packed where the type and the CPU allow, and the file's rows.
+                            for pack in [true, false] {
+                                let data = q.data.clone();
+                                let qm = QMatrix::new("w", ty, rows, cols, data).unwrap();
+                                let m = FastMatrix::new("w", qm, &set, pool.clone(), pack).unwrap();
+                                let mut got = vec![f32::NAN; n * rows];
+                                m.matmul(&x, &mut got);
+                                let exact = set.isa == Isa::Scalar || ty.block_size() == 32;
+                                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                                    let ok = if exact {
+                                        g.to_bits() == w.to_bits()
+                                    } else {
+                                        (g - w).abs() <= REORDERED_REL * w.abs().max(1.0)
+                                    };
+                                    assert!(
+                                        ok,
+                                        "{ty} ({rows}, {cols}) × {n} tokens, {}: out[{}][{}] = {g}, scalar {w}",
+                                        m.describe(),
+                                        i / rows,
+                                        i % rows
+                                    );
+                                }
                             }
                         }
                     }

@@ -1,7 +1,9 @@
 //! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 against Q8_0/Q8_1 activations with NEON: a block of 32
 //! is two 16-byte registers of signed codes, multiplied with the activation's two registers
-//! into four 32-bit lanes, converted, and multiply-added with the block's `d_x · d_y` into
-//! four float lanes. Two blocks are in flight at a time, each with its own accumulator.
+//! into four 32-bit lanes; `addv` adds those into the block's integer sum, and the rest is
+//! chapter 6's arithmetic in its order — the block's float expression, added to one running
+//! sum block after block — so the result is chapter 6's bit for bit (why that matters: the
+//! x86 `legacy` module).
 //!
 //! # Safety
 //! Every function needs NEON, plus what its [`Dot`] needs, enabled by the caller.
@@ -9,21 +11,15 @@
 use super::*;
 use crate::ch06::quants::blocks::*;
 
-/// Runs `step(x_block, y_block, acc) -> acc` over the blocks with two accumulators taking
-/// turns, and returns their sum.
-macro_rules! two_accumulators {
-    ($x:expr, $y:expr, $step:expr) => {{
-        let mut acc0 = vdupq_n_f32(0.0);
-        let mut acc1 = vdupq_n_f32(0.0);
-        let (mut xs, mut ys) = ($x.chunks_exact(2), $y.chunks_exact(2));
-        for (xp, yp) in (&mut xs).zip(&mut ys) {
-            acc0 = $step(&xp[0], &yp[0], acc0);
-            acc1 = $step(&xp[1], &yp[1], acc1);
+/// Chapter 6's sum over the blocks of `$x` and `$y`: `$term(x, y, Σ)` of each block, added in
+/// block order to one float, where `$sums(x, y)` gives the block's four partial integer sums.
+macro_rules! in_block_order {
+    ($x:expr, $y:expr, $sums:expr, $term:expr) => {{
+        let mut sumf = 0.0f32;
+        for (xb, yb) in $x.iter().zip($y) {
+            sumf += $term(xb, yb, vaddvq_s32($sums(xb, yb)));
         }
-        if let (Some(xb), Some(yb)) = (xs.remainder().first(), ys.remainder().first()) {
-            acc0 = $step(xb, yb, acc0);
-        }
-        vaddvq_f32(vaddq_f32(acc0, acc1))
+        sumf
     }};
 }
 
@@ -84,40 +80,47 @@ unsafe fn signed(c: (uint8x16_t, uint8x16_t), offset: i8) -> (int8x16_t, int8x16
 }
 
 // ANCHOR: q4_0
-/// One block of [`vec_dot_q4_0_q8_0`], added into `acc`.
+/// One Q4_0 block times one Q8_0 block: four exact partial sums of `(q - 8) · y`.
 #[inline(always)]
-unsafe fn q4_0_step<D: Dot>(x: &BlockQ4_0, y: &BlockQ8_0, acc: float32x4_t) -> float32x4_t {
-    // SAFETY: the loads read the blocks' own fields (`fp16_fields`: their first 8 bytes; `nibbles`,
-    // `codes`: their code arrays); the instructions are NEON and `D`'s, which the caller enables.
+unsafe fn q4_0_sums<D: Dot>(x: &BlockQ4_0, y: &BlockQ8_0) -> int32x4_t {
+    // SAFETY: `nibbles` and `codes` read the blocks' code arrays; the instructions are NEON and
+    // `D`'s, which the caller enables.
+    unsafe { block_sums::<D>(signed(nibbles(&x.qs), 8), codes(&y.qs)) }
+}
+
+/// Chapter 6's expression for one block, `Σ · d_x · d_y`, in its order.
+#[inline(always)]
+unsafe fn q4_0_term(x: &BlockQ4_0, y: &BlockQ8_0, sumi: i32) -> f32 {
+    // SAFETY: `fp16_fields` reads the first 8 bytes of each block; NEON is enabled by the caller.
     unsafe {
-        let d = vgetq_lane_f32::<0>(fp16_fields(x)) * vgetq_lane_f32::<0>(fp16_fields(y));
-        let sums = block_sums::<D>(signed(nibbles(&x.qs), 8), codes(&y.qs));
-        vfmaq_n_f32(acc, vcvtq_f32_s32(sums), d)
+        sumi as f32 * vgetq_lane_f32::<0>(fp16_fields(x)) * vgetq_lane_f32::<0>(fp16_fields(y))
     }
 }
 
 /// `ggml_vec_dot_q4_0_q8_0` with NEON.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
-    // SAFETY: the steps get blocks the zipped chunks hold; the caller enables NEON and `D`'s set.
-    unsafe { two_accumulators!(x, y, q4_0_step::<D>) }
+    // SAFETY: the blocks are those the zipped slices hold; the caller enables NEON and `D`'s set.
+    unsafe { in_block_order!(x, y, q4_0_sums::<D>, q4_0_term) }
 }
 // ANCHOR_END: q4_0
 
-/// One block of [`vec_dot_q4_1_q8_1`]; the min's term `m · s` goes into lane 0.
+/// One Q4_1 block times one Q8_1 block: four exact partial sums of `q · y`.
 #[inline(always)]
-unsafe fn q4_1_step<D: Dot>(x: &BlockQ4_1, y: &BlockQ8_1, acc: float32x4_t) -> float32x4_t {
-    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
-    // sets.
+unsafe fn q4_1_sums<D: Dot>(x: &BlockQ4_1, y: &BlockQ8_1) -> int32x4_t {
+    // SAFETY: as in `q4_0_sums`.
+    unsafe { block_sums::<D>(signed(nibbles(&x.qs), 0), codes(&y.qs)) }
+}
+
+/// Chapter 6's expression for a block with a min, `d_x d_y · Σ + m · s` (Q4_1 and Q5_1).
+#[inline(always)]
+unsafe fn with_min_term<X, Y>(x: &X, y: &Y, sumi: i32) -> f32 {
+    // SAFETY: as in `q4_0_term`.
     unsafe {
-        // Lanes 0 and 1: `d_x d_y` and `m s`.
-        let p = vmulq_f32(fp16_fields(x), fp16_fields(y));
-        let sums = block_sums::<D>(signed(nibbles(&x.qs), 0), codes(&y.qs));
-        let acc = vfmaq_laneq_f32::<0>(acc, vcvtq_f32_s32(sums), p);
-        vaddq_f32(
-            acc,
-            vsetq_lane_f32::<0>(vgetq_lane_f32::<1>(p), vdupq_n_f32(0.0)),
-        )
+        let (fx, fy) = (fp16_fields(x), fp16_fields(y));
+        let (dx, m) = (vgetq_lane_f32::<0>(fx), vgetq_lane_f32::<1>(fx));
+        let (dy, s) = (vgetq_lane_f32::<0>(fy), vgetq_lane_f32::<1>(fy));
+        (dx * dy) * sumi as f32 + m * s
     }
 }
 
@@ -125,7 +128,7 @@ unsafe fn q4_1_step<D: Dot>(x: &BlockQ4_1, y: &BlockQ8_1, acc: float32x4_t) -> f
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
-    unsafe { two_accumulators!(x, y, q4_1_step::<D>) }
+    unsafe { in_block_order!(x, y, q4_1_sums::<D>, with_min_term) }
 }
 
 /// The five-bit codes of a Q5 block, unsigned.
@@ -139,15 +142,19 @@ unsafe fn q5_codes(qs: &[u8; 16], qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
     }
 }
 
-/// One block of [`vec_dot_q5_0_q8_0`].
+/// One Q5_0 block times one Q8_0 block: four exact partial sums of `(q - 16) · y`.
 #[inline(always)]
-unsafe fn q5_0_step<D: Dot>(x: &BlockQ5_0, y: &BlockQ8_0, acc: float32x4_t) -> float32x4_t {
-    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
-    // sets.
+unsafe fn q5_0_sums<D: Dot>(x: &BlockQ5_0, y: &BlockQ8_0) -> int32x4_t {
+    // SAFETY: as in `q4_0_sums`; `q5_codes` reads the block's own fields.
+    unsafe { block_sums::<D>(signed(q5_codes(&x.qs, x.qh), 16), codes(&y.qs)) }
+}
+
+/// Chapter 6's expression for one block, `d_x d_y · Σ`.
+#[inline(always)]
+unsafe fn q5_0_term(x: &BlockQ5_0, y: &BlockQ8_0, sumi: i32) -> f32 {
+    // SAFETY: as in `q4_0_term`.
     unsafe {
-        let d = vgetq_lane_f32::<0>(fp16_fields(x)) * vgetq_lane_f32::<0>(fp16_fields(y));
-        let sums = block_sums::<D>(signed(q5_codes(&x.qs, x.qh), 16), codes(&y.qs));
-        vfmaq_n_f32(acc, vcvtq_f32_s32(sums), d)
+        (vgetq_lane_f32::<0>(fp16_fields(x)) * vgetq_lane_f32::<0>(fp16_fields(y))) * sumi as f32
     }
 }
 
@@ -155,41 +162,37 @@ unsafe fn q5_0_step<D: Dot>(x: &BlockQ5_0, y: &BlockQ8_0, acc: float32x4_t) -> f
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_0_q8_0<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
-    unsafe { two_accumulators!(x, y, q5_0_step::<D>) }
+    unsafe { in_block_order!(x, y, q5_0_sums::<D>, q5_0_term) }
 }
 
-/// One block of [`vec_dot_q5_1_q8_1`].
+/// One Q5_1 block times one Q8_1 block: four exact partial sums of `q · y`.
 #[inline(always)]
-unsafe fn q5_1_step<D: Dot>(x: &BlockQ5_1, y: &BlockQ8_1, acc: float32x4_t) -> float32x4_t {
-    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
-    // sets.
-    unsafe {
-        let p = vmulq_f32(fp16_fields(x), fp16_fields(y));
-        let sums = block_sums::<D>(signed(q5_codes(&x.qs, x.qh), 0), codes(&y.qs));
-        let acc = vfmaq_laneq_f32::<0>(acc, vcvtq_f32_s32(sums), p);
-        vaddq_f32(
-            acc,
-            vsetq_lane_f32::<0>(vgetq_lane_f32::<1>(p), vdupq_n_f32(0.0)),
-        )
-    }
+unsafe fn q5_1_sums<D: Dot>(x: &BlockQ5_1, y: &BlockQ8_1) -> int32x4_t {
+    // SAFETY: as in `q5_0_sums`.
+    unsafe { block_sums::<D>(signed(q5_codes(&x.qs, x.qh), 0), codes(&y.qs)) }
 }
 
 /// `ggml_vec_dot_q5_1_q8_1` with NEON.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_1_q8_1<D: Dot>(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
-    unsafe { two_accumulators!(x, y, q5_1_step::<D>) }
+    unsafe { in_block_order!(x, y, q5_1_sums::<D>, with_min_term) }
 }
 
-/// One block of [`vec_dot_q8_0_q8_0`] (signed products: a weight of -128 needs no care).
+/// One Q8_0 block times one Q8_0 block: four exact partial sums of `x · y` (signed products: a
+/// weight of -128 needs no care).
 #[inline(always)]
-unsafe fn q8_0_step<D: Dot>(x: &BlockQ8_0, y: &BlockQ8_0, acc: float32x4_t) -> float32x4_t {
-    // SAFETY: as in `q4_0_step`: loads of the blocks' own fields, and the caller's instruction
-    // sets.
+unsafe fn q8_0_sums<D: Dot>(x: &BlockQ8_0, y: &BlockQ8_0) -> int32x4_t {
+    // SAFETY: as in `q4_0_sums`.
+    unsafe { block_sums::<D>(codes(&x.qs), codes(&y.qs)) }
+}
+
+/// Chapter 6's expression for one block, `Σ · (d_x d_y)`.
+#[inline(always)]
+unsafe fn q8_0_term(x: &BlockQ8_0, y: &BlockQ8_0, sumi: i32) -> f32 {
+    // SAFETY: as in `q4_0_term`.
     unsafe {
-        let d = vgetq_lane_f32::<0>(fp16_fields(x)) * vgetq_lane_f32::<0>(fp16_fields(y));
-        let sums = block_sums::<D>(codes(&x.qs), codes(&y.qs));
-        vfmaq_n_f32(acc, vcvtq_f32_s32(sums), d)
+        sumi as f32 * (vgetq_lane_f32::<0>(fp16_fields(x)) * vgetq_lane_f32::<0>(fp16_fields(y)))
     }
 }
 
@@ -197,5 +200,5 @@ unsafe fn q8_0_step<D: Dot>(x: &BlockQ8_0, y: &BlockQ8_0, acc: float32x4_t) -> f
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q8_0_q8_0<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
-    unsafe { two_accumulators!(x, y, q8_0_step::<D>) }
+    unsafe { in_block_order!(x, y, q8_0_sums::<D>, q8_0_term) }
 }

@@ -17,7 +17,8 @@
 //! The bodies are written once, generic over the steps VNNI changes ([`Dot`]: [`Madd`] or
 //! [`Vnni`]), and marked `#[inline(always)]`, so that each entry point's `#[target_feature]`
 //! applies to the whole kernel once it is inlined:
-//! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32), 32-byte registers;
+//! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32), 32-byte registers, adding the
+//!   blocks in chapter 6's order (its bits exactly);
 //! - `k_quants`: Q2_K … Q6_K (super-blocks of 256), 32-byte registers;
 //! - `wide`: the 64-byte versions of the most used ones;
 //! - `float`: F32, F16 and BF16 rows;
@@ -331,19 +332,6 @@ unsafe fn dot_i8<D: Dot>(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
 unsafe fn fp16(h: f16) -> f32 {
     // SAFETY: `vcvtph2ps` on a register is F16C, which the caller enables.
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32))) }
-}
-
-/// The first two f16 fields of a block (`d`, and `m` or `s` where the block has one) as f32,
-/// converted straight from memory: `vcvtph2ps` reads 8 bytes, so the block must have them.
-#[inline(always)]
-unsafe fn fp16_pair<B>(block: &B) -> (f32, f32) {
-    const { assert!(size_of::<B>() >= 8) };
-    // SAFETY: `vmovq` reads 8 bytes at `block`, a live reference to at least 8 bytes (checked at
-    // compile time above), and needs no alignment; `vcvtph2ps` is F16C, which the caller enables.
-    unsafe {
-        let v = _mm_cvtph_ps(_mm_loadl_epi64((block as *const B).cast()));
-        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-    }
 }
 
 /// An f32 to f16, rounding to nearest even like `half::f16::from_f32` (both keep NaN a NaN;

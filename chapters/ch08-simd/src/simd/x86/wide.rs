@@ -4,14 +4,19 @@
 //! together. Two legacy blocks are not adjacent in memory (a Q4_0 block's 16 code bytes sit
 //! between scales), so each register is assembled from two loads, and the two blocks' scales
 //! are converted together and spread over their halves of the register. AVX-512 has no
-//! `vpsignb`; the signed products use `|x|` and a masked negation instead. An odd last block
-//! goes through the 32-byte kernel's step.
+//! `vpsignb`; the signed products use `|x|` and a masked negation instead. The legacy kernels
+//! then finish as the 32-byte ones do, in chapter 6's order (`legacy`'s `in_block_order!`): two
+//! registers are four blocks' partial sums, taken whole together; the tail's blocks go through
+//! the 32-byte kernel's sums.
 //!
 //! # Safety
 //! Every function needs AVX2, FMA, F16C, AVX-512 F, BW and VL, plus what its [`Dot`] needs,
 //! enabled by the caller.
 
-use super::legacy::{q4_0_step, q4_1_step, q5_0_step, q8_0_step};
+use super::legacy::{
+    add_in_order, block_totals, in_block_order, min_terms, q4_0_sums, q4_0_terms, q4_1_sums,
+    q5_0_sums, q8_0_sums, scaled_terms,
+};
 use super::*;
 use crate::ch06::quants::blocks::*;
 
@@ -23,32 +28,6 @@ unsafe fn dot_i8_512<D: Dot>(acc: __m512i, x: __m512i, y: __m512i) -> __m512i {
         let negative = _mm512_movepi8_mask(x);
         let y = _mm512_mask_sub_epi8(y, negative, _mm512_setzero_si512(), y);
         D::dot512(acc, _mm512_abs_epi8(x), y)
-    }
-}
-
-/// The first two f16 fields of two blocks, as `[a0, b0, a1, b1]` in f32 (`d` and `m` or `s`,
-/// or `d` and two code bytes for blocks without a second field).
-#[inline(always)]
-unsafe fn fp16_pairs<B>(b0: &B, b1: &B) -> __m128 {
-    const { assert!(size_of::<B>() >= 4) };
-    // SAFETY: each read is of the first 4 bytes of a live block (at least 4, checked at compile
-    // time above), unaligned; `vcvtph2ps` is F16C, which the caller enables.
-    unsafe {
-        let first = |b: &B| _mm_cvtsi32_si128((b as *const B).cast::<i32>().read_unaligned());
-        _mm_cvtph_ps(_mm_unpacklo_epi32(first(b0), first(b1)))
-    }
-}
-
-/// `d_x · d_y` of two block pairs, lanes 0..8 for the first and 8..16 for the second; and the
-/// products of the second fields in lanes 1 and 3 of the other result.
-#[inline(always)]
-unsafe fn scales2<X, Y>(x: &[X], y: &[Y]) -> (__m512, __m128) {
-    // SAFETY: `x[0]`, `x[1]`, `y[0]` and `y[1]` are bounds-checked, and `fp16_pairs` reads inside
-    // them; the rest is AVX-512 F on registers, which the caller enables.
-    unsafe {
-        let p = _mm_mul_ps(fp16_pairs(&x[0], &x[1]), fp16_pairs(&y[0], &y[1]));
-        let lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-        (_mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(p)), p)
     }
 }
 
@@ -74,6 +53,7 @@ unsafe fn join32<T, const N: usize>(a: &[T; N], b: &[T; N]) -> __m512i {
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(a)), load32(b)) }
 }
 
+/// The sum of 16 floats.
 #[inline(always)]
 unsafe fn hsum512(v: __m512) -> f32 {
     // SAFETY: AVX-512 F and AVX on registers only, which the caller enables.
@@ -83,73 +63,67 @@ unsafe fn hsum512(v: __m512) -> f32 {
     }
 }
 
-/// Runs `pair(x_pair, y_pair, acc) -> acc` over the block pairs and `one` (a 32-byte step) on
-/// an odd last block; returns the sum of both accumulators.
-macro_rules! pairs {
-    ($x:expr, $y:expr, $pair:expr, $one:expr) => {{
-        let mut acc = _mm512_setzero_ps();
-        let mut tail = _mm256_setzero_ps();
-        let (mut xs, mut ys) = ($x.chunks_exact(2), $y.chunks_exact(2));
-        for (xp, yp) in (&mut xs).zip(&mut ys) {
-            acc = $pair(xp, yp, acc);
-        }
-        if let (Some(xb), Some(yb)) = (xs.remainder().first(), ys.remainder().first()) {
-            tail = $one(xb, yb, tail);
-        }
-        hsum512(acc) + hsum(tail)
-    }};
+/// Two registers of two blocks' partial sums each → the four blocks' eight partial sums.
+#[inline(always)]
+unsafe fn quarters_of(a: __m512i, b: __m512i) -> [__m256i; 4] {
+    // SAFETY: AVX-512 F on registers only, which the caller enables.
+    unsafe {
+        [
+            _mm512_castsi512_si256(a),
+            _mm512_extracti64x4_epi64::<1>(a),
+            _mm512_castsi512_si256(b),
+            _mm512_extracti64x4_epi64::<1>(b),
+        ]
+    }
+}
+
+/// [`in_block_order!`] with 64-byte registers: `$pair` on blocks 0 and 1 and on 2 and 3 of
+/// each four; `$one`, the 32-byte kernel's sums, on the tail.
+macro_rules! two_by_two {
+    ($x:expr, $y:expr, $pair:expr, $one:expr, $terms:expr) => {
+        in_block_order!(
+            $x,
+            $y,
+            |x4, y4| quarters_of($pair(&x4[..2], &y4[..2]), $pair(&x4[2..], &y4[2..])),
+            $one,
+            $terms
+        )
+    };
 }
 
 /// `ggml_vec_dot_q4_0_q8_0`, two blocks per register.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_0_q8_0<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     #[inline(always)]
-    unsafe fn pair<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0], acc: __m512) -> __m512 {
+    unsafe fn pair<D: Dot>(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> __m512i {
         // SAFETY: the pair's blocks are indexed with bounds checks and read only through their own
         // fields; the instructions are AVX-512 F and BW and `D`'s, which the caller enables.
         unsafe {
-            let (d, _) = scales2(x, y);
             let qx = _mm512_sub_epi8(nibbles2(&x[0].qs, &x[1].qs), _mm512_set1_epi8(8));
-            let sums = dot_i8_512::<D>(_mm512_setzero_si512(), qx, join32(&y[0].qs, &y[1].qs));
-            _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc)
+            dot_i8_512::<D>(_mm512_setzero_si512(), qx, join32(&y[0].qs, &y[1].qs))
         }
     }
-    // SAFETY: `pair` and the 32-byte step get the chunks and blocks the zipped iterators hand out;
-    // the caller enables AVX-512 F, BW, VL, AVX2, FMA, F16C and `D`'s set.
-    unsafe { pairs!(x, y, pair::<D>, q4_0_step::<D>) }
+    // SAFETY: `pair` and the 32-byte kernel's functions get the chunks and blocks the zipped
+    // iterators hand out; the caller enables AVX-512 F, BW, VL, AVX2, FMA, F16C and `D`'s set.
+    unsafe { two_by_two!(x, y, pair::<D>, q4_0_sums::<D>, q4_0_terms) }
 }
 
-/// `ggml_vec_dot_q4_1_q8_1`, two blocks per register; the mins' terms gather in a second,
-/// 4-lane accumulator.
+/// `ggml_vec_dot_q4_1_q8_1`, two blocks per register.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
-    // SAFETY: as in `vec_dot_q4_0_q8_0`: bounds-checked blocks, read through their own fields, and
-    // the caller's instruction sets.
-    unsafe {
-        let mut acc = _mm512_setzero_ps();
-        let mut acc_m = _mm_setzero_ps();
-        let mut tail = _mm256_setzero_ps();
-        let (mut xs, mut ys) = (x.chunks_exact(2), y.chunks_exact(2));
-        for (x, y) in (&mut xs).zip(&mut ys) {
-            let (d, p) = scales2(x, y);
-            acc_m = _mm_add_ps(acc_m, p);
-            let sums = D::dot512(
+    #[inline(always)]
+    unsafe fn pair<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> __m512i {
+        // SAFETY: as in `vec_dot_q4_0_q8_0`'s `pair`.
+        unsafe {
+            D::dot512(
                 _mm512_setzero_si512(),
                 nibbles2(&x[0].qs, &x[1].qs),
                 join32(&y[0].qs, &y[1].qs),
-            );
-            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc);
+            )
         }
-        if let (Some(xb), Some(yb)) = (xs.remainder().first(), ys.remainder().first()) {
-            tail = q4_1_step::<D>(xb, yb, tail);
-        }
-        // Lanes 1 and 3 hold `m · s`; 0 and 2 the scales.
-        let ms = _mm_cvtss_f32(_mm_add_ss(
-            _mm_shuffle_ps::<1>(acc_m, acc_m),
-            _mm_shuffle_ps::<3>(acc_m, acc_m),
-        ));
-        hsum512(acc) + hsum(tail) + ms
     }
+    // SAFETY: as in `vec_dot_q4_0_q8_0`.
+    unsafe { two_by_two!(x, y, pair::<D>, q4_1_sums::<D>, min_terms) }
 }
 
 /// `ggml_vec_dot_q5_0_q8_0`, two blocks per register. AVX-512 BW turns the 64 fifth bits
@@ -157,38 +131,34 @@ pub(super) unsafe fn vec_dot_q4_1_q8_1<D: Dot>(x: &[BlockQ4_1], y: &[BlockQ8_1])
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q5_0_q8_0<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     #[inline(always)]
-    unsafe fn pair<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0], acc: __m512) -> __m512 {
+    unsafe fn pair<D: Dot>(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> __m512i {
         // SAFETY: as in `vec_dot_q4_0_q8_0`'s `pair`.
         unsafe {
-            let (d, _) = scales2(x, y);
             let bits =
                 u32::from_le_bytes(x[0].qh) as u64 | (u32::from_le_bytes(x[1].qh) as u64) << 32;
             let high = _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10));
             let codes = _mm512_or_si512(nibbles2(&x[0].qs, &x[1].qs), high);
             let qx = _mm512_sub_epi8(codes, _mm512_set1_epi8(16));
-            let sums = dot_i8_512::<D>(_mm512_setzero_si512(), qx, join32(&y[0].qs, &y[1].qs));
-            _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc)
+            dot_i8_512::<D>(_mm512_setzero_si512(), qx, join32(&y[0].qs, &y[1].qs))
         }
     }
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
-    unsafe { pairs!(x, y, pair::<D>, q5_0_step::<D>) }
+    unsafe { two_by_two!(x, y, pair::<D>, q5_0_sums::<D>, scaled_terms) }
 }
 
 /// `ggml_vec_dot_q8_0_q8_0`, two blocks per register.
 #[inline(always)]
 pub(super) unsafe fn vec_dot_q8_0_q8_0<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     #[inline(always)]
-    unsafe fn pair<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0], acc: __m512) -> __m512 {
+    unsafe fn pair<D: Dot>(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> __m512i {
         // SAFETY: as in `vec_dot_q4_0_q8_0`'s `pair`.
         unsafe {
-            let (d, _) = scales2(x, y);
             let qx = join32(&x[0].qs, &x[1].qs);
-            let sums = dot_i8_512::<D>(_mm512_setzero_si512(), qx, join32(&y[0].qs, &y[1].qs));
-            _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc)
+            dot_i8_512::<D>(_mm512_setzero_si512(), qx, join32(&y[0].qs, &y[1].qs))
         }
     }
     // SAFETY: as in `vec_dot_q4_0_q8_0`.
-    unsafe { pairs!(x, y, pair::<D>, q8_0_step::<D>) }
+    unsafe { two_by_two!(x, y, pair::<D>, q8_0_sums::<D>, scaled_terms) }
 }
 
 /// 64 bytes of `s` from element `i` on.
