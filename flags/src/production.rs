@@ -64,7 +64,8 @@ pub struct Production {
     /// Share of requests naming no model that go to the second model, from 0 to 1.
     #[arg(long, default_value_t = Args::default().split_b)]
     pub split_b: f64,
-    /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
+    /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine;
+    /// stall a grammar's compile; hold a request until the drain begins or ends it).
     #[arg(long, hide = true)]
     pub fault_injection: bool,
     /// An API key a request to /v1/ may carry (Authorization: Bearer KEY); give it again for

@@ -9,9 +9,11 @@
 //! [`Event`]s.
 //!
 //! Two seams for what comes after (chapter 12 uses both): an [`Observer`] hears every step,
-//! token and ending as it happens, for metrics and logs; and [`Worker::close`] ends every
-//! request at once with its final event, for a shutdown that drains. A panic inside a step is
-//! caught: the requests in that step fail, and a fresh scheduler takes the next ones.
+//! token and ending as it happens, for metrics and logs, and may hold the requests where they
+//! are (this chapter's tests do, to keep requests running as long as they need); and
+//! [`Worker::close`] ends every request at once with its final event, for a shutdown that
+//! drains. A panic inside a step is caught: the requests in that step fail, and a fresh
+//! scheduler takes the next ones.
 
 use ch10::{
     Engine, GenParams, Proposer, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport,
@@ -98,8 +100,9 @@ pub struct PoolStatus {
 }
 
 // ANCHOR: observer
-/// Hears what the engine thread does, as it does it; called on the engine thread, so it must
-/// be quick (count, record, log). Every method does nothing unless implemented.
+/// Hears what the engine thread does, as it does it, and may hold it; called on the engine
+/// thread, so it must be quick (count, record, log). Every method does nothing (and `hold`
+/// says no) unless implemented.
 pub trait Observer: Send + Sync {
     /// A step ran: what it did, how long it took, and the scheduler's state after it.
     fn step(&self, _report: &StepReport, _took: Duration, _status: &PoolStatus) {}
@@ -110,8 +113,19 @@ pub trait Observer: Send + Sync {
     fn done(&self, _label: &str, _outcome: &Outcome) {}
     /// A step failed (an error or a panic) and took request `label` with it.
     fn failed(&self, _label: &str, _message: &str) {}
+    /// Whether the engine should leave the requests it has (`labels`) where they are and run
+    /// no step now. While it holds, it still takes commands, lets go of the requests whose
+    /// client left or whose time is up, and asks again every [`HOLD_POLL`]. No by default: a
+    /// test says yes to keep requests running, unfinished, for as long as it needs them.
+    fn hold(&self, _labels: &mut dyn Iterator<Item = &str>) -> bool {
+        false
+    }
 }
 // ANCHOR_END: observer
+
+/// How often a held engine ([`Observer::hold`]) looks at its requests and asks again: a
+/// client that leaves or a time limit is seen within this, as within a step.
+pub const HOLD_POLL: Duration = Duration::from_millis(5);
 
 /// Hears nothing.
 impl Observer for () {}
@@ -265,12 +279,20 @@ fn engine_loop(
     let mut tickets: HashMap<Ticket, RequestId> = HashMap::new();
     let mut gone: Vec<RequestId> = Vec::new();
     let mut closed = false;
+    let mut held = false;
     loop {
-        // 1. Commands; with nothing to run, sleep until one comes.
+        // 1. Commands; with nothing to run, sleep until one comes; held by the observer,
+        //    wait for one at most HOLD_POLL.
         let first = if scheduler.is_idle() {
             match commands.recv() {
                 Ok(c) => Some(c),
                 Err(_) => return, // every handle is dropped: the server is done
+            }
+        } else if held {
+            match commands.recv_timeout(HOLD_POLL) {
+                Ok(c) => Some(c),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
         } else {
             None
@@ -361,9 +383,11 @@ fn engine_loop(
         // ANCHOR_END: leave
 
         // ANCHOR: step
-        // 3. One step for everyone. A panic inside it (a bug, or chapter 12's injected fault)
-        //    is caught and handled as a failed step, so one bad step does not end the server.
-        if !scheduler.is_idle() {
+        // 3. One step for everyone, unless the observer holds them. A panic inside it (a bug,
+        //    or chapter 12's injected fault) is caught and handled as a failed step, so one
+        //    bad step does not end the server.
+        held = !scheduler.is_idle() && observer.hold(&mut live.values().map(|l| &*l.label));
+        if !scheduler.is_idle() && !held {
             let started = Instant::now();
             let mut sink = Streams {
                 live: &mut live,

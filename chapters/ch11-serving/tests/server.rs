@@ -9,22 +9,33 @@ use ch11::engine::Scheduled;
 use ch11::{GenParams, SamplerParams};
 use common::*;
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// How long the tests wait for the engine to reach a state it reaches within a step or two
-/// (a step is milliseconds here); far more, so a slow machine does not fail them.
-const SETTLE: Duration = Duration::from_secs(10);
+/// How long the tests wait for the server to reach a state it reaches within a step or two
+/// (a step is milliseconds here), asking again every 10 ms. It bounds the wait on a broken
+/// server, far above what a two-core machine shared with another test run needs, and is
+/// never what a test judges.
+const SETTLE: Duration = Duration::from_secs(60);
 
-/// Poll `/health` until `done(scheduler)` or [`SETTLE`] passes.
-fn settle(s: &TestServer, done: impl Fn(&Value) -> bool) -> Value {
+/// Wait until `done` holds; a server that never gets there fails the test after [`SETTLE`].
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
-    loop {
-        let v = s.scheduler();
-        if done(&v) || t0.elapsed() > SETTLE {
-            return v;
-        }
+    while !done() {
+        assert!(t0.elapsed() < SETTLE, "{what}: not within {SETTLE:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Poll `/health` until `done(scheduler)`; the scheduler's state then.
+fn settle(s: &TestServer, done: impl Fn(&Value) -> bool) -> Value {
+    let mut v = Value::Null;
+    wait_until("the scheduler's state", || {
+        v = s.scheduler();
+        done(&v)
+    });
+    v
 }
 
 #[test]
@@ -192,30 +203,21 @@ fn health_is_503_until_the_model_is_loaded() {
 
 #[test]
 fn a_disconnected_stream_leaves_the_batch_and_frees_its_blocks() {
-    let s = start(args());
+    // The request is held from its first token: it cannot finish, only leave.
+    let s = start_observed(args(), |_| {}, Holding::started());
     let mut body = chat("Write a long story about a dragon.", 900);
     body["stream"] = json!(true);
     let mut events = s.stream("/v1/chat/completions", &body);
-    for _ in 0..5 {
-        events.next_data().expect("chunks while it generates");
-    }
-    let busy = s.scheduler();
-    assert_eq!(busy["running"], 1, "{busy}");
+    events.next_data().expect("the first chunk");
+    let busy = settle(&s, |v| v["running"] == 1 && v["generated_tokens"] == 1);
     assert!(busy["sequence_blocks"].as_u64().unwrap() > 0, "{busy}");
-    let steps = busy["steps"].as_u64().unwrap();
     drop(events); // the client hangs up
     let after = settle(&s, |v| v["running"] == 0 && v["sequence_blocks"] == 0);
-    assert_eq!(after["running"], 0, "{after}");
     assert_eq!(
-        after["sequence_blocks"], 0,
-        "its blocks are free (or only the prefix cache's)"
+        after["generated_tokens"], 1,
+        "it left without another token"
     );
-    let ran = after["steps"].as_u64().unwrap() - steps;
-    assert!(
-        ran < 100,
-        "it stopped long before its 900 tokens: {ran} more steps"
-    );
-    assert_eq!(s.state.in_flight(), 0, "its place in the queue is back");
+    wait_until("its place in the queue back", || s.state.in_flight() == 0);
 }
 
 #[test]
@@ -223,7 +225,9 @@ fn past_the_queue_bound_requests_get_503_with_retry_after() {
     let mut a = args();
     a.parallel = 1;
     a.queue = 1;
-    let s = start(a);
+    // Held from its first token, the running request keeps the one slot, and the next waits
+    // for it, until their clients leave.
+    let s = start_observed(a, |_| {}, Holding::started());
     let mut body = chat("Count to a thousand.", 900);
     body["stream"] = json!(true);
     let mut first = s.stream("/v1/chat/completions", &body);
@@ -237,25 +241,24 @@ fn past_the_queue_bound_requests_get_503_with_retry_after() {
     drop(first);
     drop(second);
     settle(&s, |v| v["running"] == 0 && v["waiting"] == 0);
-    let t0 = Instant::now();
-    while s.state.in_flight() > 0 && t0.elapsed() < SETTLE {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("every place back", || s.state.in_flight() == 0);
+    // One token is the request's whole answer: it ends in the step that samples it.
     s.ok("/v1/chat/completions", &chat("Hi", 1));
 }
 
 #[test]
 fn a_request_past_its_time_limit_ends_as_length() {
-    let s = start_with(args(), |l| l.timeout = Duration::from_millis(300));
+    // Held from its first token, the request can end only by its time limit.
+    let limit = Duration::from_millis(300);
+    let s = start_observed(args(), |l| l.timeout = limit, Holding::started());
     let t0 = Instant::now();
     let r = s.ok(
         "/v1/completions",
         &json!({"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "stop": []}),
     );
-    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(t0.elapsed() >= limit, "ended before its limit");
     assert_eq!(r["choices"][0]["finish_reason"], "length");
-    let n = r["usage"]["completion_tokens"].as_u64().unwrap();
-    assert!(n < 1000, "{n} tokens");
+    assert_eq!(r["usage"]["completion_tokens"], 1, "{r}");
 }
 
 /// Sixteen different questions.
@@ -282,7 +285,8 @@ const QUESTIONS: [&str; 16] = [
 fn sixteen_concurrent_streams_each_answer_as_they_would_alone() {
     let mut a = args();
     a.parallel = 16;
-    let s = start(a);
+    let holding = Arc::new(Holding::default());
+    let s = start_observed(a, |_| {}, holding.clone());
     let body = |q: &str| {
         let mut b = chat(q, 24);
         b["stream"] = json!(true);
@@ -293,6 +297,9 @@ fn sixteen_concurrent_streams_each_answer_as_they_would_alone() {
         .map(|q| streamed_text(&s.stream("/v1/chat/completions", &body(q)).collect()))
         .collect();
     let steps_before = s.scheduler()["steps"].as_u64().unwrap();
+    // The engine waits until all sixteen have come, however the clients' threads are
+    // scheduled, then runs them together.
+    holding.gather.store(QUESTIONS.len(), Ordering::SeqCst);
     let together: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = QUESTIONS
             .iter()

@@ -14,8 +14,9 @@
 //! - API keys (`--api-key`, `--api-keys`): each a tenant with its own partition of the
 //!   prefix cache, and per-key limits (see [`crate::keys`]);
 //! - fault injection for the tests (hidden `--fault-injection`): a request with header
-//!   `X-Fault` makes the engine panic inside its step, or makes the engine thread die; one
-//!   whose grammar is [`STALL_GRAMMAR`] is prepared until it is given up.
+//!   `X-Fault` makes the engine panic inside its step, or makes the engine thread die, or is
+//!   held, unfinished, until the server drains or ends it; one whose grammar is
+//!   [`STALL_GRAMMAR`] is prepared until it is given up.
 
 use crate::keys::Keys;
 use crate::metrics::{EngineMetrics, Metrics};
@@ -67,6 +68,12 @@ pub enum Fault {
     PanicInHandler,
     /// Panic on the engine thread outside a step, which ends the thread (`kill-engine`).
     KillEngine,
+    /// From its first token, hold the request where it is until the server begins to drain
+    /// (`hold-until-drain`); then it runs to its end.
+    HoldUntilDrain,
+    /// From its first token, hold the request where it is until the server ends it, at its
+    /// drain's limit (`hold-until-close`); it never finishes by itself.
+    HoldUntilClose,
 }
 
 impl Fault {
@@ -75,6 +82,8 @@ impl Fault {
             "panic-in-step" => Some(Fault::PanicInStep),
             "panic-in-handler" => Some(Fault::PanicInHandler),
             "kill-engine" => Some(Fault::KillEngine),
+            "hold-until-drain" => Some(Fault::HoldUntilDrain),
+            "hold-until-close" => Some(Fault::HoldUntilClose),
             _ => None,
         }
     }
@@ -119,12 +128,48 @@ impl Formats for Stalling {
 const STALL_POLL: Duration = Duration::from_millis(5);
 // ANCHOR_END: stall
 
+// ANCHOR: faults
 /// Faults planted by request id, and whether the engine thread is to die after this step.
+///
+/// A held request (`hold-…`) holds the engine thread ([`Observer::hold`]) whenever every
+/// request the engine has is held: no step runs, so a held request goes no further, and the
+/// others run as usual (held requests take their steps with them). So a test keeps requests
+/// running, unfinished, as long as it needs, however fast this machine decodes.
 #[derive(Default)]
 pub struct Faults {
     planted: Mutex<HashMap<String, Fault>>,
     kill: AtomicBool,
+    /// Requests held, from their first token to their end, and how.
+    held: Mutex<HashMap<String, Fault>>,
+    /// Set when the server begins to drain: it lets `hold-until-drain` requests go.
+    draining: AtomicBool,
 }
+
+impl Faults {
+    /// Whether the requests `labels` are all held now.
+    fn hold(&self, labels: &mut dyn Iterator<Item = &str>) -> bool {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_empty() {
+            return false;
+        }
+        let draining = self.draining.load(Ordering::SeqCst);
+        for l in labels {
+            match held.get(l) {
+                Some(Fault::HoldUntilClose) => {}
+                Some(Fault::HoldUntilDrain) if !draining => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Request `label` has ended: it holds nothing any more.
+    fn ended(&self, label: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.remove(label);
+    }
+}
+// ANCHOR_END: faults
 
 /// Everything the routes share.
 pub struct App {
@@ -219,10 +264,14 @@ impl App {
         self.variants.iter().map(|v| v.state.in_flight()).sum()
     }
 
-    /// Take no new requests (a 503 each); those in go on.
+    /// Take no new requests (a 503 each); those in go on (and `hold-until-drain` requests
+    /// are let go).
     pub fn drain(&self) {
         for v in &self.variants {
             v.state.drain();
+        }
+        if let Some(f) = &self.faults {
+            f.draining.store(true, Ordering::SeqCst);
         }
     }
 
@@ -633,12 +682,26 @@ impl Observer for EngineHooks {
                     let faults = self.faults.as_ref().expect("a fault was planted");
                     faults.kill.store(true, Ordering::SeqCst);
                 }
+                Some(hold @ (Fault::HoldUntilDrain | Fault::HoldUntilClose)) => {
+                    let faults = self.faults.as_ref().expect("a fault was planted");
+                    let mut held = faults.held.lock().unwrap_or_else(|e| e.into_inner());
+                    held.insert(label.to_string(), hold);
+                }
                 _ => {}
             }
         }
     }
 
+    // ANCHOR_END: hooks_observer
+    // ANCHOR: hooks_ended
+    fn hold(&self, labels: &mut dyn Iterator<Item = &str>) -> bool {
+        self.faults.as_ref().is_some_and(|f| f.hold(labels))
+    }
+
     fn done(&self, label: &str, o: &Outcome) {
+        if let Some(f) = &self.faults {
+            f.ended(label);
+        }
         self.metrics.done(label, o);
         self.keys
             .charge(label, (o.prompt_tokens + o.completion_tokens) as u64);
@@ -655,6 +718,9 @@ impl Observer for EngineHooks {
     }
 
     fn failed(&self, label: &str, message: &str) {
+        if let Some(f) = &self.faults {
+            f.ended(label);
+        }
         self.metrics.failed(label, message);
         tracing::error!(
             request_id = label,
@@ -664,7 +730,7 @@ impl Observer for EngineHooks {
         );
     }
 }
-// ANCHOR_END: hooks_observer
+// ANCHOR_END: hooks_ended
 
 #[cfg(test)]
 mod tests {

@@ -95,7 +95,8 @@ pub struct Args {
     pub alias_b: Option<String>,
     /// Share of requests naming no model that go to the second model, from 0 to 1.
     pub split_b: f64,
-    /// Test only: honour the X-Fault header (panic in a step, in a handler, or kill the engine).
+    /// Test only: honour the X-Fault header (panic in a step, in a handler, kill the engine,
+    /// or hold a request until the drain begins or ends it) and [`app::STALL_GRAMMAR`].
     pub fault_injection: bool,
     /// API keys, one per `--api-key`: a request to `/v1/` must carry one of them or of
     /// `api_keys` (`Authorization: Bearer KEY`). Each is a tenant, named `api-key-1`,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::soak::{self, Config};
-use common::{flags, start};
+use common::{flags, start, wait_until};
 use std::time::Duration;
 
 /// How long CI soaks: long enough for thousands of requests of every kind, short enough for
@@ -91,15 +91,22 @@ fn a_minute_of_mixed_requests_loses_nothing_and_memory_stays_bounded() {
     );
     assert_eq!(report.total.lost, 0, "{:?}", report.problems);
     assert_eq!(report.total.failed, 0, "{:?}", report.problems);
-    assert!(report.total.served > 100, "{report:?}");
+    // Every kind of request met the server, and got its answer.
+    for kind in soak::KINDS {
+        let served = report.by_kind.get(kind).map_or(0, |t| t.served);
+        assert!(served > 0, "no {kind} request was served: {report:?}");
+    }
     assert!(
         rss_end <= rss_start + MAX_RSS_GROWTH_KIB,
         "RSS grew from {rss_start} KiB to {rss_end} KiB"
     );
-    // After the soak the server is idle: nothing left running or holding blocks.
-    std::thread::sleep(Duration::from_millis(500));
-    let m = s.metrics();
-    assert_eq!(m.sum("llmrs_running_sequences", &[]), 0.0);
-    assert_eq!(m.sum("llmrs_in_flight_requests", &[]), 0.0);
-    assert_eq!(m.sum("llmrs_kv_blocks", &[("state", "used")]), 0.0);
+    // After the soak the server comes to rest: nothing left running or holding blocks. (The
+    // gauges are set after the step that sent a request's last token, and a dropped stream
+    // leaves at the next step: each may come just after its client has gone.)
+    wait_until("the server at rest", || {
+        let m = s.metrics();
+        m.sum("llmrs_running_sequences", &[]) == 0.0
+            && m.sum("llmrs_in_flight_requests", &[]) == 0.0
+            && m.sum("llmrs_kv_blocks", &[("state", "used")]) == 0.0
+    });
 }

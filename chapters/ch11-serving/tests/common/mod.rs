@@ -3,11 +3,14 @@
 
 #![allow(dead_code)]
 
+use ch11::worker::{Observer, Outcome};
 use ch11::{AppState, ServeArgs};
 use reqwest::blocking::{Client, Response};
 use serde_json::Value;
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Every request of the tests ends within this (the slowest, 16 streams at once on two
@@ -52,10 +55,20 @@ pub fn start(args: ServeArgs) -> TestServer {
 
 /// [`start`], with `adjust` applied to the state's limits before it serves.
 pub fn start_with(args: ServeArgs, adjust: impl FnOnce(&mut ch11::Limits)) -> TestServer {
+    start_observed(args, adjust, Arc::new(()))
+}
+
+/// [`start_with`], with `observer` told what the engine thread does (and asked whether to
+/// hold it).
+pub fn start_observed(
+    args: ServeArgs,
+    adjust: impl FnOnce(&mut ch11::Limits),
+    observer: Arc<dyn Observer>,
+) -> TestServer {
     let mut limits = args.limits();
     adjust(&mut limits);
     let state = AppState::new(limits);
-    let loaded = ch11::load(&args).unwrap_or_else(|e| panic!("{e}"));
+    let loaded = ch11::load_observed(&args, observer).unwrap_or_else(|e| panic!("{e}"));
     assert!(state.loaded.set(loaded).is_ok());
     let base = serve(Arc::clone(&state));
     TestServer {
@@ -190,4 +203,59 @@ pub fn chat(content: &str, max_tokens: usize) -> Value {
         "max_tokens": max_tokens,
         "temperature": 0,
     })
+}
+
+/// An observer that holds the engine thread ([`Observer::hold`]) as a test asks, so that the
+/// test sees requests in the state it needs however fast this machine decodes: every request
+/// from its first token on, until its client leaves or its time is up (`hold_started`); or
+/// every request until the engine has `gather` of them at once (then it lets go for good).
+#[derive(Default)]
+pub struct Holding {
+    /// Requests that have sampled a token and not ended.
+    started: Mutex<HashSet<String>>,
+    pub hold_started: AtomicBool,
+    pub gather: AtomicUsize,
+}
+
+impl Holding {
+    /// Holding every request from its first token.
+    pub fn started() -> Arc<Holding> {
+        let h = Holding::default();
+        h.hold_started.store(true, Ordering::SeqCst);
+        Arc::new(h)
+    }
+
+    fn ended(&self, label: &str) {
+        self.started.lock().unwrap().remove(label);
+    }
+}
+
+impl Observer for Holding {
+    fn token(&self, label: &str, first: bool, _gap: Duration) {
+        if first {
+            self.started.lock().unwrap().insert(label.to_string());
+        }
+    }
+
+    fn done(&self, label: &str, _outcome: &Outcome) {
+        self.ended(label);
+    }
+
+    fn failed(&self, label: &str, _message: &str) {
+        self.ended(label);
+    }
+
+    fn hold(&self, labels: &mut dyn Iterator<Item = &str>) -> bool {
+        let started = self.started.lock().unwrap();
+        let (mut n, mut any_started) = (0, false);
+        for l in labels {
+            n += 1;
+            any_started |= started.contains(l);
+        }
+        let gather = self.gather.load(Ordering::SeqCst);
+        if n >= gather {
+            self.gather.store(0, Ordering::SeqCst);
+        }
+        (self.hold_started.load(Ordering::SeqCst) && any_started) || n < gather
+    }
 }

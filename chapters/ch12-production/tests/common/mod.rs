@@ -21,6 +21,24 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// first fetch of the model happens before any server starts, in [`model`]).
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a test waits for a state the server reaches by itself — a gauge set after a
+/// step, a log line written, a process exited after its drain — asking again every [`POLL`].
+/// Each takes milliseconds on an idle machine; this bounds the wait on a broken server, far
+/// above what a two-core machine shared with another test run needs, and is never what a
+/// test judges.
+pub const SETTLE: Duration = Duration::from_secs(60);
+
+/// How often a test asks again while it waits.
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// How late after its deadline a connection may be closed, or a request given up, when the
+/// deadline is what a test judges. The server looks at its connections' deadlines every
+/// 250 ms and its timers fire on time, but on a two-core machine shared with another test run
+/// the thread that acts may wait seconds for a core. 5 s allows for that, and stays below
+/// the next limit a server that ignored the test's would keep (its defaults: 10 s for
+/// headers, 30 s for a body, 60 s idle).
+pub const DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
 /// The default model, fetched if needed.
 pub fn model() -> String {
     let p = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
@@ -33,7 +51,19 @@ pub struct Server {
     pub port: u16,
     /// Every log line so far (standard error).
     pub logs: Arc<Mutex<Vec<String>>>,
+    /// The thread that collects them, until the process closes its standard error.
+    reader: Option<std::thread::JoinHandle<()>>,
     pub client: Client,
+}
+
+/// Wait until `done` holds, asking every [`POLL`]; a server that never gets there fails the
+/// test after [`SETTLE`].
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < SETTLE, "{what}: not within {SETTLE:?}");
+        std::thread::sleep(POLL);
+    }
 }
 
 /// The flags every test server has: the default model, two threads, a small context.
@@ -72,7 +102,7 @@ pub fn start(args: &[String], env: &[(&str, &str)]) -> Server {
     let (port_tx, port_rx) = channel();
     let stderr = child.stderr.take().unwrap();
     let sink = Arc::clone(&logs);
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
             if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
@@ -94,6 +124,7 @@ pub fn start(args: &[String], env: &[(&str, &str)]) -> Server {
         base: format!("http://127.0.0.1:{port}"),
         port,
         logs,
+        reader: Some(reader),
         client: Client::builder().timeout(CLIENT_TIMEOUT).build().unwrap(),
     };
     let started = Instant::now();
@@ -103,7 +134,7 @@ pub fn start(args: &[String], env: &[(&str, &str)]) -> Server {
             "not ready: {:?}",
             server.logs()
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(POLL);
     }
     server
 }
@@ -141,6 +172,20 @@ impl Server {
         self.logs.lock().unwrap().clone()
     }
 
+    /// Whether a log line so far contains `text`.
+    pub fn logged(&self, text: &str) -> bool {
+        self.logs.lock().unwrap().iter().any(|l| l.contains(text))
+    }
+
+    /// The index of the first log line that contains `text`.
+    pub fn log_line(&self, text: &str) -> Option<usize> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .position(|l| l.contains(text))
+    }
+
     /// The metrics now, parsed.
     pub fn metrics(&self) -> Metrics {
         let text = self.get("/metrics").text().unwrap();
@@ -157,14 +202,18 @@ impl Server {
         assert!(ok, "kill -TERM failed");
     }
 
-    /// Wait for the process to exit, at most `limit`.
+    /// Wait for the process to exit, at most `limit`; once it has, every line it logged has
+    /// been collected.
     pub fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(s) = self.child.try_wait().unwrap() {
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
                 return Some(s);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
         None
     }

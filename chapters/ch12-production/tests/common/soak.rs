@@ -39,8 +39,11 @@ pub struct Config {
 }
 
 /// How late a silent connection may be closed after the header timeout: the server looks at
-/// its connections' deadlines every 250 ms, and a busy machine may be a second late.
-const CLOSE_SLACK: Duration = Duration::from_millis(1500);
+/// its connections' deadlines every 250 ms, and under the soak's own load on a two-core
+/// machine shared with another test run, the thread that closes it may wait seconds for a
+/// core. 5 s allows for that and stays below the default header timeout (10 s), which a
+/// server that ignored the soak's would keep.
+const CLOSE_SLACK: Duration = Duration::from_secs(5);
 
 /// What became of the requests of one kind.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
@@ -65,7 +68,9 @@ enum Verdict {
     Lost(String),
 }
 
-const KINDS: [&str; 13] = [
+/// The kinds of request, in the order the clients take them (the streamed chat twice, the
+/// cancelled stream twice, as a public server sees them more often).
+pub const KINDS: [&str; 13] = [
     "chat",
     "chat-stream",
     "completion",
@@ -107,9 +112,10 @@ fn silent(cfg: &Config) -> Verdict {
     }
 }
 
-/// A declared length of 100 MB with one byte sent: served if answered 413 within 2 s.
+/// A declared length of 100 MB with one byte sent: served if answered 413, from the headers
+/// alone — a server that waited for the body would answer 408 at its body timeout (30 s by
+/// default), after the read below has given up.
 fn lying_length(cfg: &Config) -> Verdict {
-    let started = Instant::now();
     let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port(cfg))) else {
         return Verdict::Lost("lying-length: connect".into());
     };
@@ -124,13 +130,9 @@ fn lying_length(cfg: &Config) -> Verdict {
     }
     let mut answer = Vec::new();
     let _ = std::io::Read::read_to_end(&mut c, &mut answer);
-    let took = started.elapsed();
     if !answer.starts_with(b"HTTP/1.1 413") {
         let text = String::from_utf8_lossy(&answer[..answer.len().min(80)]).into_owned();
         return Verdict::Failed(format!("lying-length: {text:?}"));
-    }
-    if took > Duration::from_secs(2) {
-        return Verdict::Failed(format!("lying-length: 413 after {took:?}"));
     }
     Verdict::Served
 }
