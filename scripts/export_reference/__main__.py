@@ -65,6 +65,10 @@ def describe(rel: str) -> str:
         return f"synthetic variant {m[1]}: every intermediate tensor of the prompt"
     if m := re.fullmatch(r"variants/(\w+)/generation\.safetensors", rel):
         return f"synthetic variant {m[1]}: greedy continuation, top-k logits per decode step"
+    if rel == "checkpoints/converted.json":
+        return "llama.cpp's convert_hf_to_gguf.py on chapter 17's checkpoints: per case, every " \
+            "metadata key's type and value (long arrays and strings by length and sha256), " \
+            "every tensor's type, shape and sha256"
     if m := re.fullmatch(r"checkpoints/([\w-]+)\.safetensors", rel):
         return f"chapter 17's checkpoint {m[1]}, converted and run by llama.cpp: the prompt's " \
             "ids, the last position's logits, the top-k logits of every position"
@@ -73,7 +77,9 @@ def describe(rel: str) -> str:
             "sha256, prompt and llama.cpp's greedy continuations (f32, f16 and q8_0 KV caches)"
     if m := re.fullmatch(r"large/([\w-]+)\.safetensors", rel):
         return f"generated model {m[1]}: prompt ids, llama.cpp's logits after the prompt, " \
-            "its greedy continuation; the same with its KV cache in f16 and in q8_0"
+            "its greedy continuation and, after each of its tokens, the top-k logits, the rest's " \
+            "probability and a strided sample of the logits; the same with its KV cache in f16 " \
+            "and in q8_0"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
         return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
@@ -185,11 +191,9 @@ def grammar_steps(sdist: Path, model: Path, stage: Path, settings: E.ContextSett
     return section
 
 
-def only_grammar(sdist: Path, model: Path, out: Path) -> int:
-    """`--only grammar`: redo steps 13 and 14 alone, replace reference-data/grammar/ and update
-    the manifest's `files` and `grammar` entries in place (nothing else changes, `created`
-    included). Refused unless the manifest was made from the same sdist and model, with the
-    same context settings."""
+def recorded_manifest(out: Path, sdist: Path, model: Path | None = None) -> tuple[Path, dict]:
+    """For an `--only` step: the manifest's path and contents, refused unless it was made from
+    the same sdist (and, when given, the same model)."""
     manifest_path = out / "manifest.json"
     if not manifest_path.is_file():
         raise SystemExit(f"{manifest_path}: missing; run the whole export first")
@@ -200,12 +204,22 @@ def only_grammar(sdist: Path, model: Path, out: Path) -> int:
             f"{sdist} is not the sdist reference-data/ was made from (manifest: sdist_sha256 "
             f"{recorded}); run the whole export"
         )
-    recorded = manifest.get("model", {}).get("sha256")
-    if recorded != sha256_file(model):
-        raise SystemExit(
-            f"{model} is not the model reference-data/ was made from (manifest: model sha256 "
-            f"{recorded}); run the whole export"
-        )
+    if model is not None:
+        recorded = manifest.get("model", {}).get("sha256")
+        if recorded != sha256_file(model):
+            raise SystemExit(
+                f"{model} is not the model reference-data/ was made from (manifest: model "
+                f"sha256 {recorded}); run the whole export"
+            )
+    return manifest_path, manifest
+
+
+def only_grammar(sdist: Path, model: Path, out: Path) -> int:
+    """`--only grammar`: redo steps 13 and 14 alone, replace reference-data/grammar/ and update
+    the manifest's `files` and `grammar` entries in place (nothing else changes, `created`
+    included). Refused unless the manifest was made from the same sdist and model, with the
+    same context settings."""
+    manifest_path, manifest = recorded_manifest(out, sdist, model)
     settings = default_settings()
     recorded = manifest.get("settings", {}).get("quant_settings")
     if recorded != settings.describe():
@@ -240,19 +254,12 @@ def only_checkpoints(sdist: Path, model: Path, gemma3_path: Path, cache: Path, o
     """`--only checkpoints`: redo step 15 alone, replace reference-data/checkpoints/ and update
     the manifest's `files` and `checkpoints` entries in place. Refused unless the manifest was
     made from the same sdist and model."""
-    manifest_path = out / "manifest.json"
-    if not manifest_path.is_file():
-        raise SystemExit(f"{manifest_path}: missing; run the whole export first")
-    manifest = json.loads(manifest_path.read_bytes())
-    if manifest.get("llama_cpp", {}).get("sdist_sha256") != sha256_file(sdist):
-        raise SystemExit(f"{sdist} is not the sdist reference-data/ was made from")
-    if manifest.get("model", {}).get("sha256") != sha256_file(model):
-        raise SystemExit(f"{model} is not the model reference-data/ was made from")
+    manifest_path, manifest = recorded_manifest(out, sdist, model)
     E.init()
     with tempfile.TemporaryDirectory(prefix="export-reference-checkpoints-") as tmp:
         stage = Path(tmp)
         section = checkpoints.export_checkpoints(
-            out.resolve().parent, model, gemma3_path, cache, stage, default_settings()
+            out.resolve().parent, model, gemma3_path, sdist, cache, stage, default_settings()
         )
         files = {k: v for k, v in manifest["files"].items() if not k.startswith("checkpoints/")}
         files.update(file_entries(stage))
@@ -270,6 +277,37 @@ def only_checkpoints(sdist: Path, model: Path, gemma3_path: Path, cache: Path, o
     return 0
 
 
+def only_large(sdist: Path, cache: Path, out: Path) -> int:
+    """`--only large`: redo step 12 alone, replace reference-data/large/ and update the
+    manifest's `files` and `large` entries in place. Refused unless the manifest was made from
+    the same sdist and with the same quantized-variant settings."""
+    manifest_path, manifest = recorded_manifest(out, sdist)
+    settings = default_settings()
+    recorded = manifest.get("settings", {}).get("quant_settings")
+    if recorded != settings.describe():
+        raise SystemExit(
+            f"{manifest_path}: settings.quant_settings {recorded} differ from this script's "
+            f"{settings.describe()}; run the whole export"
+        )
+    if "large" not in manifest:
+        raise SystemExit(f"{manifest_path}: no `large` section; run the whole export")
+    E.init()
+    with tempfile.TemporaryDirectory(prefix="export-reference-large-") as tmp:
+        stage = Path(tmp)
+        section = large.export_large(out.resolve().parent, cache, stage, settings)
+        # Read again: the export takes minutes, and only this step's entries are replaced.
+        manifest = json.loads(manifest_path.read_bytes())
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith("large/")}
+        files.update(file_entries(stage))
+        manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
+        manifest["large"] = {"how": manifest["large"]["how"], **section}
+        shutil.rmtree(out / "large", ignore_errors=True)
+        shutil.move(str(stage / "large"), str(out / "large"))
+    write_json(manifest_path, manifest)
+    log(f"replaced {out / 'large'} and its manifest entries")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="export-reference")
     ap.add_argument("--model", type=Path, required=True, help="the default model (Q4_1 GGUF)")
@@ -279,10 +317,10 @@ def main() -> int:
     ap.add_argument("--gemma3", type=Path, help="Gemma 3 270M Q4_K_M (chapter 13)")
     ap.add_argument(
         "--only",
-        choices=["grammar", "checkpoints"],
+        choices=["grammar", "checkpoints", "large"],
         help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
-        "constrained runs of --model), or step 15 (chapter 17's converted checkpoints), and "
-        "update the manifest in place",
+        "constrained runs of --model), step 15 (chapter 17's converted checkpoints), or step 12 "
+        "(chapter 14's generated large models), and update the manifest in place",
     )
     args = ap.parse_args()
     if args.only == "grammar":
@@ -291,6 +329,10 @@ def main() -> int:
         if args.gemma3 is None or args.cache is None:
             ap.error("--only checkpoints needs --gemma3 and --cache")
         return only_checkpoints(args.sdist, args.model, args.gemma3, args.cache, args.out)
+    if args.only == "large":
+        if args.cache is None:
+            ap.error("--only large needs --cache")
+        return only_large(args.sdist, args.cache, args.out)
     for name in ("cache", "gemma3"):
         if getattr(args, name) is None:
             ap.error(f"--{name} is required (unless --only)")
@@ -343,7 +385,8 @@ def main() -> int:
     gr = grammar_steps(args.sdist, args.model, stage, quant_settings)
     log("step 15: chapter 17's converted checkpoints")
     ck = checkpoints.export_checkpoints(
-        args.out.resolve().parent, args.model, args.gemma3, args.cache, stage, f32_settings
+        args.out.resolve().parent, args.model, args.gemma3, args.sdist, args.cache, stage,
+        f32_settings,
     )
 
     files = file_entries(stage)

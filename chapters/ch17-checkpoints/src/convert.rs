@@ -231,6 +231,11 @@ impl Checkpoint {
         ];
         meta.extend(arch_meta);
         meta.push((format!("{a}.vocab_size"), Value::U32(n_vocab as u32)));
+        let omitted = |k: &str| {
+            let key = k.strip_prefix(a).and_then(|k| k.strip_prefix('.'));
+            key.is_some_and(|k| self.family.omitted.contains(&k))
+        };
+        meta.retain(|(k, _)| !omitted(k));
         meta.extend(tok_meta);
         let get = |k: &str| match meta.iter().find(|(m, _)| *m == format!("{a}.{k}")) {
             Some((_, Value::U32(v))) => *v as usize,
@@ -358,14 +363,16 @@ impl Checkpoint {
             writer.set(&k, v).map_err(w_err)?;
         }
         let ftype = precision.unwrap_or_else(|| file_type_of(&gguf.tensors));
-        writer
-            .set("general.file_type", Value::U32(ftype.id()))
-            .map_err(w_err)?;
-        if precision.is_some_and(|f| f.default_type().is_quantized()) {
-            let v = Value::U32(GGML_QNT_VERSION);
-            writer
-                .set("general.quantization_version", v)
-                .map_err(w_err)?;
+        // What llama.cpp's converter writes of every file besides: its kind, its size class
+        // (for file names and model cards) and the quantization format's version.
+        let params: u64 = gguf.tensors.iter().map(|t| t.n_elements()).sum();
+        for (k, v) in [
+            ("general.type", Value::String("model".into())),
+            ("general.size_label", Value::String(size_label(params))),
+            ("general.file_type", Value::U32(ftype.id())),
+            ("general.quantization_version", Value::U32(GGML_QNT_VERSION)),
+        ] {
+            writer.set(k, v).map_err(w_err)?;
         }
         for t in &gguf.tensors {
             let ty = plan
@@ -456,6 +463,21 @@ impl Checkpoint {
         Ok(buf)
     }
     // ANCHOR_END: write
+}
+
+/// gguf-py's size class of a model of `params` weights: two significant digits at least,
+/// in thousands, millions, billions or trillions (`42M`, `1.5B`).
+fn size_label(params: u64) -> String {
+    let n = params as f64;
+    let (scaled, suffix) = match n {
+        n if n > 1e12 => (n * 1e-12, "T"),
+        n if n > 1e9 => (n * 1e-9, "B"),
+        n if n > 1e6 => (n * 1e-6, "M"),
+        n => (n * 1e-3, "K"),
+    };
+    let digits = (scaled.round() as u64).to_string();
+    let whole = digits.trim_start_matches('0').len();
+    format!("{scaled:.*}{suffix}", 2usize.saturating_sub(whole))
 }
 
 /// llama.cpp's `general.file_type` for a file whose matrices keep their types: that of most

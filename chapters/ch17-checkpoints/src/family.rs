@@ -44,6 +44,10 @@ pub struct Family {
     pub defaults: &'static [(&'static str, f64)],
     /// The family's own metadata, after the keys every family has.
     pub extra: fn(&Json, &mut Meta) -> Result<(), String>,
+    /// Keys of every family's list that llama.cpp's converter leaves out for this one (after
+    /// `{arch}.`): its loader derives them (the RoPE width from the head width, the vocabulary
+    /// size from the token list).
+    pub omitted: &'static [&'static str],
 }
 // ANCHOR_END: family
 
@@ -93,6 +97,7 @@ pub const FAMILIES: &[Family] = &[
         norm_shift: 0.0,
         defaults: &[("rope_theta", 10000.0)],
         extra: nothing_more,
+        omitted: &[],
     },
     Family {
         hf_architectures: &["Qwen2ForCausalLM"],
@@ -103,6 +108,7 @@ pub const FAMILIES: &[Family] = &[
         norm_shift: 0.0,
         defaults: &[("rope_theta", 10000.0)],
         extra: nothing_more,
+        omitted: &[],
     },
     Family {
         hf_architectures: &["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"],
@@ -119,6 +125,7 @@ pub const FAMILIES: &[Family] = &[
             ("rms_norm_eps", 1e-6),
         ],
         extra: gemma3_extra,
+        omitted: &["rope.dimension_count", "vocab_size"],
     },
 ];
 // ANCHOR_END: families

@@ -7,7 +7,8 @@
 //! whole tokenizer pipeline) and `tokenizer_config.json` (special tokens, the chat template).
 //! llama.cpp converts them with `convert_hf_to_gguf.py`; this chapter does the same work in the
 //! engine, so `llm-rs run --model DIR` runs a directory, and `llm-rs convert DIR OUT.gguf`
-//! writes the GGUF file llama.cpp would. What it adds:
+//! writes the tensors llama.cpp's converter writes, bit for bit, with its metadata but for the
+//! few keys the tests list with their reasons. What it adds:
 //!
 //! - [`files`]: reading the directory — the JSON files (bounded), and each shard memory-mapped
 //!   with its safetensors header checked by Hugging Face's own reader ([`Shard`]);

@@ -5,6 +5,7 @@
 //! the GGUF file's tokenizer does (chapter 2's, checked against llama.cpp).
 
 mod common;
+mod converted;
 
 use ch17::ch06::agreement::{MAX_KL, TIE_MARGIN, greedy_step_within, kl_divergence};
 use ch17::ch13::synthetic;
@@ -23,11 +24,16 @@ use testkit::refdata::TensorFile;
 use testkit::{Target, Tolerance, assert_close};
 
 /// Logits of a BF16 directory run on chapter 8's BF16 kernels, against the F32 file of the
-/// same values: the kernels round each activation to BF16 before the products (as ggml's BF16
-/// matrices do), a relative error of up to 2⁻⁹ per value that 4 layers carry into logits of
-/// size up to about 20. Observed: at most 0.21. The bound is chapter 6's
-/// `MAX_MEAN_ABS_LOGIT` (0.5), the *mean* difference a quantized model may show, here held by
-/// every logit; and each position's distribution must be within chapter 6's `MAX_KL`.
+/// same values. The weights are the same numbers; what differs is that each matrix product
+/// rounds its input activations to BF16 first (as ggml's BF16 matrices do). BF16 keeps 8
+/// significant bits: each rounding is a relative error of at most 2⁻⁸, and, spread evenly,
+/// of standard deviation 2⁻⁸/√3 ≈ 0.23%. A logit passes through 17 such roundings (in each
+/// of the 4 layers: the input shared by the query, key and value products, the attention's
+/// output, the input shared by gate and up, the input of down; then the output's);
+/// independent, they add in quadrature to √17 · 0.23% ≈ 0.93% of the logit's size: σ ≈ 0.19
+/// for the largest logits here (about 20). Every one of the prompt's 14 × 49,152 logits must
+/// hold, so the bound is some σ out: 0.5 (observed: at most 0.21); and each position's
+/// distribution must be within chapter 6's `MAX_KL`.
 const BF16_LOGITS_TOL: Tolerance = Tolerance::new(0.5, 0.0);
 
 /// The layers kept of the default model: four of its thirty, at full width.
@@ -514,4 +520,144 @@ impl std::io::Write for Sha256Writer {
 
 fn argmax(x: &[f32]) -> usize {
     (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}
+
+// ANCHOR: converter_differences
+/// Metadata on which this converter and llama.cpp's `convert_hf_to_gguf.py` differ, and why:
+/// (the cases, by the start of their id; a key, or a prefix of keys ending in `.`; why).
+/// Every other key, and every tensor's name, type, shape and bytes, must be llama.cpp's; an
+/// entry must still match a difference (else it leaves the list).
+const KEYS_WE_DIFFER_ON: &[(&str, &str, &str)] = &[
+    (
+        "",
+        "general.name",
+        "llama.cpp's converter makes a title of the directory's name (`default-f32` becomes \
+         `Default F32`); ours keeps the name. Only people read it.",
+    ),
+    (
+        "default",
+        "tokenizer.ggml.pre",
+        "two of llama.cpp's names for one rule: its converter knows SmolLM2's tokenizer by a \
+         hash of the ids it gives a test text (`smollm`), ours takes the first name of \
+         chapter 2's row with the same regexes and flags (`command-r`); llama.cpp's tokenizer \
+         runs both names with the same regexes and flags.",
+    ),
+    (
+        "gemma3",
+        "tokenizer.ggml.",
+        "Google's Gemma 3 directories hold `tokenizer.model`, the SentencePiece model \
+         llama.cpp's converter reads; these hold only `tokenizer.json`, which llama.cpp's \
+         converter then reads as a GPT-2 byte-level BPE, named after another model whose \
+         tokenizer gives the same ids on its test text — a tokenizer llama.cpp does not run \
+         right. Ours is SentencePiece's, and gives Hugging Face's ids (checked by \
+         `the_tokenizer_gives_the_ids_of_tokenizers_and_of_the_gguf_file`).",
+    ),
+    (
+        "gemma3",
+        "gemma3.attention.sliding_window_pattern",
+        "config.json's period of sliding-window layers: llama.cpp's converter leaves it out and \
+         both engines' loaders then take Gemma 3's period, 6; ours writes what the \
+         configuration says.",
+    ),
+];
+// ANCHOR_END: converter_differences
+
+#[test]
+fn the_converter_writes_the_metadata_and_tensors_llama_cpps_converter_writes() {
+    use ch17::ch06::recipe::LlamaFtype;
+    let record = testkit::refdata::json("checkpoints/converted.json").unwrap();
+    let mut differences = Vec::new();
+    let mut allowed_seen = std::collections::HashSet::new();
+    for (id, m, precision) in [
+        ("default-f32", smollm2_f32(), None),
+        ("default-bf16", smollm2_bf16(), None),
+        ("gemma3-bf16", gemma3(), None),
+        ("default-f32-q8_0", smollm2_f32(), Some(LlamaFtype::Q8_0)),
+    ] {
+        let case = &record["cases"][id];
+        let hint = "reference-data/checkpoints/converted.json: regenerate it with \
+                    scripts/export-reference --only checkpoints";
+        let files = case["directory_files"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{id}: no case in {hint}"));
+        // llama.cpp converted the directory the tests make now.
+        let mut ours: Vec<String> = std::fs::read_dir(&m.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        ours.sort();
+        assert_eq!(
+            ours,
+            files.keys().cloned().collect::<Vec<_>>(),
+            "{id}: {hint}"
+        );
+        for (file, want) in files {
+            let got = converted::sha256(&std::fs::read(m.dir.join(file)).unwrap());
+            assert_eq!(
+                &got, want,
+                "{id}: {file} is not the file converted ({hint})"
+            );
+        }
+        let ty = precision.map(LlamaFtype::name);
+        assert_eq!(case["llm_rs_type"].as_str(), ty, "{id}: {hint}");
+
+        let ckpt = ch17::Checkpoint::open(&m.dir).unwrap();
+        let planned = ckpt.plan(precision).unwrap();
+        let meta: serde_json::Map<String, serde_json::Value> = planned
+            .writer
+            .metadata()
+            .iter()
+            .map(|(k, v)| (k.clone(), converted::metadata_entry(v)))
+            .collect();
+        let theirs = case["metadata"].as_object().unwrap();
+        for (key, what) in converted::metadata_differences(&meta, theirs) {
+            let listed = KEYS_WE_DIFFER_ON.iter().position(|(case, k, _)| {
+                id.starts_with(case) && (key == *k || k.ends_with('.') && key.starts_with(k))
+            });
+            match listed {
+                Some(i) => {
+                    allowed_seen.insert(i);
+                }
+                None => differences.push(format!("{id}: metadata {key}: {what}")),
+            }
+        }
+
+        let theirs = case["tensors"].as_object().unwrap();
+        let mut names: Vec<&String> = theirs.keys().collect();
+        for t in planned.writer.tensors() {
+            let Some(want) = theirs.get(&t.name) else {
+                differences.push(format!("{id}: tensor {} is not llama.cpp's", t.name));
+                continue;
+            };
+            names.retain(|n| **n != t.name);
+            let shape: Vec<u64> = serde_json::from_value(want["shape"].clone()).unwrap();
+            let (ty, want_ty) = (t.ggml_type.name(), want["type"].as_str().unwrap());
+            if t.dims != shape || ty != want_ty {
+                differences.push(format!(
+                    "{id}: tensor {}: ours {ty} {:?}, llama.cpp's {want_ty} {shape:?}",
+                    t.name, t.dims
+                ));
+                continue;
+            }
+            let bytes = ckpt.tensor_data(&planned, t).unwrap();
+            if converted::sha256(&bytes) != want["sha256"].as_str().unwrap() {
+                differences.push(format!("{id}: tensor {}: other bytes", t.name));
+            }
+        }
+        for n in names {
+            differences.push(format!("{id}: tensor {n}: llama.cpp's, not ours"));
+        }
+    }
+    for (i, (case, key, _)) in KEYS_WE_DIFFER_ON.iter().enumerate() {
+        if !allowed_seen.contains(&i) {
+            differences.push(format!(
+                "{key} ({case:?}): listed in KEYS_WE_DIFFER_ON, but the same now"
+            ));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "llama.cpp's converter wrote otherwise:\n{}",
+        differences.join("\n")
+    );
 }
