@@ -51,6 +51,13 @@ def manifest(crate):
                 and all(isinstance(h, str) for h in w["hints"])):
             sys.exit(f"{crate / 'workbench.toml'}: entry {i + 1}: hints must be a list of strings "
                      "(what to compute, then how), the rungs before the reference")
+        for m in w.get("mistakes", []):
+            if not (isinstance(m, dict) and all(isinstance(m.get(k), str)
+                                                for k in ("why", "find", "replace"))
+                    and m["find"] and m["find"] != m["replace"]):
+                sys.exit(f"{crate / 'workbench.toml'}: entry {i + 1}: each mistake is a table of "
+                         "strings `why` (the mistake, as a reader makes it), `find` (text that "
+                         "occurs once in the region) and `replace` (what it becomes), which differ")
     return data, items
 
 
@@ -73,8 +80,9 @@ def stub(indent, chapter, w):
         f"Your turn: {w['what']}",
         f"Checked by: cargo test -p {chapter} -- {' '.join(w['tests'])}",
     ]):
-        wrapped = textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
-        lines += [f"{indent}// {wrapped[0]}"] + [f"{indent}//   {t}" for t in wrapped[1:]]
+        wrapped = textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False,
+                                break_long_words=False)
+        lines += [f"{indent}// {t}" for t in wrapped]
     lines.append(f'{indent}todo!("{w["anchor"][len("yours_"):]}");')
     return lines
 

@@ -1,11 +1,18 @@
 //! Properties of softmax, RoPE and attention that hold for any input.
 
 use ch03::attention::{Attention, AttentionWeights, AttnBias, TokenPos};
-use ch03::{DenseMatrix, KvStore, NoObserver, Recorder, RopeStyle, RopeTable, VecKv, softmax};
+use ch03::{
+    DenseMatrix, KvStore, NoObserver, Recorder, RopeScale, RopeStyle, RopeTable, VecKv, softmax,
+};
 use proptest::prelude::*;
 
 /// f32 sums of a few hundred terms: relative rounding error stays far below this.
 const PROP_TOL: f32 = 1e-4;
+/// RoPE against its formula evaluated in f64, for values in (-4, 4) at positions below 128: the
+/// table's angles are multiplied in f32 (as llama.cpp does), a relative error of a few 1e-6 on
+/// angles up to 128 radians, which moves a rotated value by a few 1e-4 at most. An angle one
+/// position off, or a pair's frequency wrong, moves the fastest pairs by a radian.
+const ROPE_TOL: f32 = 1e-3;
 
 fn vec_of(n: usize) -> impl Strategy<Value = Vec<f32>> {
     prop::collection::vec(-4.0f32..4.0, n)
@@ -61,6 +68,67 @@ proptest! {
         // the angles are rounded to f32, and their error grows with the position
         let scale = dot(&q, &q).sqrt() * dot(&k, &k).sqrt();
         prop_assert!((s1 - s2).abs() <= 1e-3 * scale.max(1.0), "{s1} vs {s2}");
+    }
+}
+
+/// One head of RoPE by its definition, in f64: pair `i` (of `n_rot / 2`) turns by
+/// `p · base^(-2i/n_rot) · freq_scale / freq_factors[i]`; the values past `n_rot` stay.
+fn rope_by_definition(
+    x: &[f32],
+    n_rot: usize,
+    style: RopeStyle,
+    pos: usize,
+    scale: &RopeScale,
+) -> Vec<f32> {
+    let (base, half) = (10000.0f64, n_rot / 2);
+    let mut y = x.to_vec();
+    for i in 0..half {
+        let factor = scale.freq_factors.as_ref().map_or(1.0, |f| f[i] as f64);
+        let theta =
+            pos as f64 * base.powf(-2.0 * i as f64 / n_rot as f64) * scale.freq_scale as f64
+                / factor;
+        let (a, b) = match style {
+            RopeStyle::Normal => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+        };
+        let (x0, x1) = (x[a] as f64, x[b] as f64);
+        y[a] = (x0 * theta.cos() - x1 * theta.sin()) as f32;
+        y[b] = (x0 * theta.sin() + x1 * theta.cos()) as f32;
+    }
+    y
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// What the table holds and which values `apply` pairs, against the formula: the cosine and
+    /// then the sine of `p · θ_i`, counted from position 0, with the scaling the table was made
+    /// with (a linear factor and per-pair frequency factors, as Llama 3 files have), rotating
+    /// `n_rot / 2` pairs of each head and leaving the rest of the head as it is.
+    #[test]
+    fn rope_rotates_each_pair_by_position_times_its_frequency(
+        x in vec_of(64 * 2), pos in 0usize..128, neox in any::<bool>(), rot in 0usize..3, scaled in any::<bool>()
+    ) {
+        let (head_dim, n_rot) = (64, [16, 32, 64][rot]);
+        let style = if neox { RopeStyle::Neox } else { RopeStyle::Normal };
+        let mut scale = RopeScale::linear(1.0);
+        if scaled {
+            scale.freq_scale = 0.5;
+            scale.freq_factors = Some((0..n_rot / 2).map(|i| 1.0 + i as f32 / 4.0).collect());
+        }
+        let rope = RopeTable::scaled(n_rot, 10000.0, style, scale.clone(), 128);
+        let mut y = x.clone();
+        rope.apply(&mut y, head_dim, pos);
+        for h in 0..2 {
+            let head = h * head_dim..(h + 1) * head_dim;
+            let want = rope_by_definition(&x[head.clone()], n_rot, style, pos, &scale);
+            for (d, (got, want)) in y[head].iter().zip(&want).enumerate() {
+                prop_assert!(
+                    (got - want).abs() <= ROPE_TOL,
+                    "head {h} value {d} (n_rot {n_rot}, {style:?}, position {pos}, scaled {scaled}): {got}, the formula gives {want}"
+                );
+            }
+        }
     }
 }
 
@@ -197,5 +265,137 @@ fn causal_mask_hides_the_future_and_sliding_window_the_distant_past() {
                 assert_eq!(p > 0.0, visible, "head {h} query {i} key {j}: {p}");
             }
         }
+    }
+}
+
+/// The attention of one query head `h` by its definition, in f64: the softmax of
+/// `q_h · k_j · kq_scale` over the positions `visible`, weighting their values; query head `h`
+/// reads KV head `h / (n_head / n_head_kv)`.
+fn attention_by_definition(
+    att: &Attention,
+    q: &[f32],
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    visible: std::ops::Range<usize>,
+) -> Vec<f32> {
+    let hd = att.head_dim;
+    let group = att.n_head / att.n_head_kv;
+    let mut out = vec![0.0; att.q_dim()];
+    for h in 0..att.n_head {
+        let (q_h, kv) = (
+            &q[h * hd..(h + 1) * hd],
+            (h / group) * hd..(h / group + 1) * hd,
+        );
+        let scores: Vec<f64> = visible
+            .clone()
+            .map(|j| {
+                let k = &keys[j][kv.clone()];
+                q_h.iter()
+                    .zip(k)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    * att.kq_scale as f64
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        for (s, j) in scores.iter().zip(visible.clone()) {
+            let p = (s - max).exp() / sum;
+            for (o, v) in out[h * hd..(h + 1) * hd]
+                .iter_mut()
+                .zip(&values[j][kv.clone()])
+            {
+                *o += (p * *v as f64) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// A small grouped-query attention (4 query heads over 2 KV heads) with a sliding window.
+fn small_attention(window: Option<usize>) -> Attention {
+    let hd = 8;
+    Attention {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: hd,
+        rope: RopeTable::new(hd, 10000.0, 1.0, RopeStyle::Normal, 64),
+        window,
+        kq_scale: Attention::standard_scale(hd),
+    }
+}
+
+/// A store holding `keys` and `values` of sequence 0, layer 0.
+fn store(att: &Attention, keys: &[Vec<f32>], values: &[Vec<f32>]) -> VecKv {
+    let mut kv = VecKv::new(1, att.kv_dim());
+    kv.reserve(0, 0..keys.len()).unwrap();
+    for (pos, (k, v)) in keys.iter().zip(values).enumerate() {
+        kv.store(0, 0, pos, k, v);
+    }
+    kv
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// `attend` over the positions `visible` of a store, against the definition, with every
+    /// other position's key and value NaN: a query reads the window it is given and nothing
+    /// else, whichever position the window starts at.
+    #[test]
+    fn attend_is_the_definition_over_the_visible_positions_only(
+        n_pos in 1usize..10, window in prop::option::of(1usize..6), at in 0usize..10, seed in vec_of(4 * 8 + 2 * 10 * 2 * 8)
+    ) {
+        let att = small_attention(window);
+        let (qd, kvd) = (att.q_dim(), att.kv_dim());
+        let pos = at % n_pos;
+        let visible = att.visible(pos, 0);
+        let q: Vec<f32> = seed[..qd].iter().map(|v| v / 4.0).collect();
+        let rows = |from: usize| -> Vec<Vec<f32>> {
+            (0..n_pos).map(|j| seed[from + j * kvd..from + (j + 1) * kvd].iter().map(|v| v / 4.0).collect()).collect()
+        };
+        let (keys, values) = (rows(qd), rows(qd + 10 * kvd));
+        let want = attention_by_definition(&att, &q, &keys, &values, visible.clone());
+        let hidden = |rows: &[Vec<f32>]| -> Vec<Vec<f32>> {
+            rows.iter().enumerate().map(|(j, r)| if visible.contains(&j) { r.clone() } else { vec![f32::NAN; kvd] }).collect()
+        };
+        let kv = store(&att, &hidden(&keys), &hidden(&values));
+        let mut probs = vec![0.0; att.n_head * visible.len()];
+        let mut out = vec![0.0; qd];
+        att.attend(&q, &kv.view(0, 0), visible.clone(), &mut probs, &mut out);
+        for (d, (got, want)) in out.iter().zip(&want).enumerate() {
+            prop_assert!(
+                (got - want).abs() <= PROP_TOL,
+                "value {d} of the query at position {pos}, positions {visible:?} visible of 0..{n_pos}: {got}, the definition gives {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn attend_overwrites_whatever_out_held() {
+    // `out` is a buffer the caller reuses from token to token: what it held before must not
+    // leak into the result.
+    let att = small_attention(None);
+    let (qd, kvd, n) = (att.q_dim(), att.kv_dim(), 5);
+    let value = |i: usize| ((i * 7919) % 113) as f32 / 56.0 - 1.0;
+    let q: Vec<f32> = (0..qd).map(value).collect();
+    let keys: Vec<Vec<f32>> = (0..n)
+        .map(|j| (0..kvd).map(|i| value(i + 100 * j + 7)).collect())
+        .collect();
+    let values: Vec<Vec<f32>> = (0..n)
+        .map(|j| (0..kvd).map(|i| value(i + 100 * j + 31)).collect())
+        .collect();
+    let kv = store(&att, &keys, &values);
+    let mut probs = vec![0.0; att.n_head * n];
+    let mut clean = vec![0.0; qd];
+    att.attend(&q, &kv.view(0, 0), 0..n, &mut probs, &mut clean);
+    for garbage in [1.0, -3.5, f32::NAN] {
+        let mut out = vec![garbage; qd];
+        att.attend(&q, &kv.view(0, 0), 0..n, &mut probs, &mut out);
+        assert_eq!(
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            clean.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "attend into a buffer holding {garbage} gave {out:?}, into zeros {clean:?}"
+        );
     }
 }

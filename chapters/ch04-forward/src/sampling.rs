@@ -480,6 +480,12 @@ mod tests {
         let mut c = cands(&[0.3, 5.0, -2.0, 4.0, 1.0, 4.5]);
         top_k(&mut c, 3);
         assert_eq!(ids(&c), [1, 3, 5]);
+        // k = 0 is no limit (llama.cpp's `top_k` 0), as is a k above the number of candidates.
+        for k in [0, 6, 7] {
+            let mut c = cands(&[0.3, 5.0, -2.0, 4.0, 1.0, 4.5]);
+            top_k(&mut c, k);
+            assert_eq!(c.len(), 6, "top_k with k = {k} kept {:?}", ids(&c));
+        }
     }
 
     /// The one-pass gathering keeps the same logits as a candidate per token then `top_k`,

@@ -323,3 +323,47 @@ fn last_rows_in_one_call_and_rewinding_change_nothing() {
     }
     assert_eq!(many.n_past, tokens.len());
 }
+
+/// A run of stored rows (`key_run`, `value_run`: what a fast attention reads, several positions
+/// at a time) holds the rows of those positions in order, in every layer, also once a sliding
+/// window has wrapped around the ring: rows laid out layer by layer, each layer's positions
+/// side by side.
+#[test]
+fn a_run_of_rows_holds_consecutive_positions_of_one_layer() {
+    let (n_layer, kv_dim, cap, n) = (3, 2, 5, 12);
+    let row = |layer: usize, pos: usize, sign: f32| -> Vec<f32> {
+        (0..kv_dim)
+            .map(|c| sign * (pos * 100 + layer * 10 + c) as f32)
+            .collect()
+    };
+    let mut kv = ContiguousCache::new(n_layer, kv_dim, cap, Overflow::SlidingWindow);
+    for pos in 0..n {
+        kv.reserve(0, pos..pos + 1).unwrap();
+        for layer in 0..n_layer {
+            kv.store(layer, 0, pos, &row(layer, pos, 1.0), &row(layer, pos, -1.0));
+        }
+        for layer in 0..n_layer {
+            let view = kv.view(layer, 0);
+            for start in view.first()..=pos {
+                let max = pos + 1 - start; // the positions stored from `start` on
+                let (keys, values) = (view.key_run(start, max), view.value_run(start, max));
+                let k = keys.len(kv_dim);
+                assert!(
+                    (1..=max).contains(&k),
+                    "a run of {k} rows from position {start}"
+                );
+                for i in 0..k {
+                    for (rows, sign, what) in [(keys, 1.0, "key"), (values, -1.0, "value")] {
+                        let mut got = vec![0.0; kv_dim];
+                        rows.axpy(kv_dim, i, 0..kv_dim, 1.0, &mut got);
+                        assert_eq!(
+                            got,
+                            row(layer, start + i, sign),
+                            "{pos} stored: layer {layer}, the run from {start}, its {what} {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -150,6 +150,23 @@ proptest! {
     }
 }
 
+/// A pool is usable to its last block: a reservation that needs exactly the free blocks is
+/// granted, and the next one, which needs one more, is refused and takes nothing.
+#[test]
+fn a_reservation_may_take_the_last_free_block() {
+    let mut cache = PagedCache::new(N_LAYER, KV_DIM, 4, 3);
+    cache.reserve(0, 0..6).unwrap(); // 2 blocks
+    cache.reserve(1, 0..4).unwrap(); // the last one
+    assert_eq!(cache.allocator.n_free(), 0);
+    assert!(
+        cache.reserve(0, 6..9).is_err(),
+        "a third block for sequence 0 from an empty pool"
+    );
+    assert_eq!(cache.allocator.n_free(), 0);
+    assert_eq!(cache.table(0).unwrap().len, 6);
+    cache.reserve(0, 6..8).unwrap(); // within its second block: no new one
+}
+
 #[test]
 fn a_shared_prefix_is_stored_once() {
     let mut cache = PagedCache::new(N_LAYER, KV_DIM, 4, 8);

@@ -83,3 +83,51 @@ fn quantizers_match_gguf_py_byte_for_byte() {
         &[F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0],
     );
 }
+
+/// The codes `from_float` gives a block of `x` (32 weights), one per weight: `Q8_0`'s signed
+/// bytes, or `Q4_0`'s nibbles (weight `j` in the low nibble of byte `j`, `j + 16` in its high).
+fn codes(ty: GgmlType, x: &[f32]) -> Vec<i32> {
+    let t = type_traits(ty).unwrap();
+    let mut q = vec![0u8; t.type_size];
+    (t.from_float)(x, &mut q);
+    let qs = &q[2..]; // after the f16 scale
+    match ty {
+        GgmlType::Q8_0 => qs.iter().map(|&b| b as i8 as i32).collect(),
+        _ => (0..32)
+            .map(|i| {
+                (if i < 16 {
+                    qs[i] & 0x0f
+                } else {
+                    qs[i - 16] >> 4
+                }) as i32
+            })
+            .collect(),
+    }
+}
+
+/// ggml's rounding at exact halves, which rows of real weights rarely hit: `Q8_0` rounds
+/// `x / d` half away from zero (C's `roundf`). The block's largest weight is 127, so `d` is 1,
+/// `1 / d` exact, and each `x / d` the half written here.
+#[test]
+fn q8_0_rounds_halves_away_from_zero() {
+    let mut x = vec![0.0f32; 32];
+    x[..9].copy_from_slice(&[127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5]);
+    assert_eq!(
+        codes(GgmlType::Q8_0, &x)[..9],
+        [127, 3, -3, 1, -1, 2, -2, 127, -127]
+    );
+}
+
+/// `Q4_0` takes the code of `x / d` as C's `(int8_t)(x / d + 8.5f)`: a truncation toward
+/// zero of a value that is never negative, so halves round up, and 16 is clamped to 15. The
+/// block's largest weight in magnitude is -8, so `d` is 1 and each `x / d` is exact.
+#[test]
+fn q4_0_truncates_x_plus_8_5_as_c_does() {
+    let mut x = vec![0.0f32; 32];
+    x[..7].copy_from_slice(&[-8.0, -2.5, -0.5, 0.5, 2.5, 6.5, 7.0]);
+    x[16..19].copy_from_slice(&[7.5, -1.5, -7.5]);
+    let got = codes(GgmlType::Q4_0, &x);
+    assert_eq!(got[..7], [0, 6, 8, 9, 11, 15, 15], "weights 0..7");
+    assert_eq!(got[16..19], [15, 7, 1], "weights 16..19");
+    assert_eq!(got[7..16], [8; 9], "zeros");
+}

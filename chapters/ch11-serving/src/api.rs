@@ -1537,6 +1537,20 @@ mod tests {
             assert_eq!(e.param, Some("messages"));
             assert!(e.message.contains(expect), "{}", e.message);
         }
+        // What clients send that must pass: a name that is JSON null (some clients write every
+        // field), and an assistant's turn with no content.
+        for message in [
+            json!({"role": "user", "content": "Hi", "name": null}),
+            json!({"role": "assistant"}),
+            json!({"role": "assistant", "content": null, "name": null}),
+        ] {
+            let r: ChatRequest =
+                serde_json::from_value(json!({ "messages": [message.clone()] })).unwrap();
+            let m = r
+                .messages()
+                .unwrap_or_else(|e| panic!("{message} refused: {}", e.message));
+            assert_eq!(m.len(), 1, "{message}");
+        }
     }
 
     #[test]

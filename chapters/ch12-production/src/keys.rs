@@ -659,12 +659,45 @@ mod tests {
         ));
         drop(first);
         let (_, third) = keys.admit(Some("Bearer k"), "r3").ok().unwrap();
+        let charged = Instant::now();
         keys.charge("r3", 150);
         drop(third);
         match keys.admit(Some("Bearer k"), "r4") {
-            Err(Refused::Limited("tokens per minute", wait)) => assert!((59..=61).contains(&wait)),
+            // A client that waits the whole seconds it is told finds the charge gone from the
+            // window: at least the time the charge has left in it, however long this took.
+            Err(Refused::Limited("tokens per minute", wait)) => {
+                let left = TOKEN_WINDOW.saturating_sub(charged.elapsed());
+                assert!(
+                    wait as f64 >= left.as_secs_f64(),
+                    "wait {wait} s, {left:?} left"
+                );
+                assert!(wait <= TOKEN_WINDOW.as_secs() + 1, "wait {wait} s");
+            }
             _ => panic!("the tokens limit did not hold"),
         }
+    }
+
+    /// The limit is a number of tokens a key may use: one that used exactly that many is
+    /// refused, one token fewer is let in.
+    #[test]
+    fn a_key_that_used_exactly_its_tokens_is_refused() {
+        let keys = Arc::new(Keys::new(&given(&["k"]), None, 0, 100, false).unwrap());
+        let (_, first) = keys.admit(Some("Bearer k"), "r1").ok().unwrap();
+        keys.charge("r1", 99);
+        drop(first);
+        let (_, second) = keys
+            .admit(Some("Bearer k"), "r2")
+            .ok()
+            .expect("99 of 100 tokens used: let in");
+        keys.charge("r2", 1);
+        drop(second);
+        assert!(
+            matches!(
+                keys.admit(Some("Bearer k"), "r3"),
+                Err(Refused::Limited("tokens per minute", _))
+            ),
+            "100 of 100 tokens used: refused"
+        );
     }
 
     /// The rule of [`Keys::admit`]: let in while under the limit, so the requests in flight

@@ -1039,6 +1039,15 @@ mod tests {
         assert!(Grammar::parse("root ::= ( [x]* )*", "root").is_ok());
     }
 
+    /// A negated class matches what its ranges leave, however little: one code point at the
+    /// top of Unicode, or one between two ranges. Ranges that meet leave nothing.
+    #[test]
+    fn a_negated_class_matches_the_code_points_its_ranges_leave() {
+        assert!(Grammar::parse("root ::= [^\\x00-\\U0010FFFE]", "root").is_ok());
+        assert!(Grammar::parse("root ::= [^\\x00-ac-\\U0010FFFF]", "root").is_ok());
+        assert!(err("root ::= [^\\x00-bc-\\U0010FFFF]").contains("accepts no text"));
+    }
+
     #[test]
     fn hostile_sizes_are_bounded() {
         assert!(err("root ::= \"a\"{3000}").contains("at most 2000"));

@@ -566,6 +566,30 @@ item ::= [0-9]+ | "\"" [^"]* "\"""#);
         assert!(!m.allows(&[0xE2]), "no class starts with this byte");
     }
 
+    /// As llama.cpp's `decode_utf8`: a byte that cannot continue the character begun (an
+    /// ASCII byte, or a lead byte) marks the text as not UTF-8, and it stays so: no later
+    /// byte starts a character again.
+    #[test]
+    fn bytes_that_are_not_utf8_spoil_what_follows() {
+        let mut p = Partial::default();
+        assert_eq!(
+            [0xE2, 0x82, 0xAC].map(|b| p.push(b)),
+            [None, None, Some(0x20AC)]
+        );
+        for cut in [b'0', b'a', 0xC3] {
+            let mut p = Partial::default();
+            assert_eq!(p.push(0xE2), None);
+            assert_eq!(
+                p.push(cut),
+                None,
+                "{cut:#x} where a continuation byte belongs"
+            );
+            assert_eq!(p.n_remain, -1, "after {cut:#x}");
+            assert_eq!(p.push(b'b'), None, "a byte after bytes that are not UTF-8");
+            assert_eq!(p.n_remain, -1);
+        }
+    }
+
     #[test]
     fn ambiguity_is_bounded() {
         // Every split of a run of `a`s between nested stars is a reading.
