@@ -214,12 +214,8 @@ def recorded_manifest(out: Path, sdist: Path, model: Path | None = None) -> tupl
     return manifest_path, manifest
 
 
-def only_grammar(sdist: Path, model: Path, out: Path) -> int:
-    """`--only grammar`: redo steps 13 and 14 alone, replace reference-data/grammar/ and update
-    the manifest's `files` and `grammar` entries in place (nothing else changes, `created`
-    included). Refused unless the manifest was made from the same sdist and model, with the
-    same context settings."""
-    manifest_path, manifest = recorded_manifest(out, sdist, model)
+def recorded_settings(manifest_path: Path, manifest: dict) -> E.ContextSettings:
+    """This script's settings, refused unless they are those the manifest was made with."""
     settings = default_settings()
     recorded = manifest.get("settings", {}).get("quant_settings")
     if recorded != settings.describe():
@@ -227,6 +223,16 @@ def only_grammar(sdist: Path, model: Path, out: Path) -> int:
             f"{manifest_path}: settings.quant_settings {recorded} differ from this script's "
             f"{settings.describe()}; run the whole export"
         )
+    return settings
+
+
+def only_grammar(sdist: Path, model: Path, out: Path) -> int:
+    """`--only grammar`: redo steps 13 and 14 alone, replace reference-data/grammar/ and update
+    the manifest's `files` and `grammar` entries in place (nothing else changes, `created`
+    included). Refused unless the manifest was made from the same sdist and model, with the
+    same context settings."""
+    manifest_path, manifest = recorded_manifest(out, sdist, model)
+    settings = recorded_settings(manifest_path, manifest)
     E.init()
     with tempfile.TemporaryDirectory(prefix="export-reference-grammar-") as tmp:
         stage = Path(tmp)
@@ -282,13 +288,7 @@ def only_large(sdist: Path, cache: Path, out: Path) -> int:
     manifest's `files` and `large` entries in place. Refused unless the manifest was made from
     the same sdist and with the same quantized-variant settings."""
     manifest_path, manifest = recorded_manifest(out, sdist)
-    settings = default_settings()
-    recorded = manifest.get("settings", {}).get("quant_settings")
-    if recorded != settings.describe():
-        raise SystemExit(
-            f"{manifest_path}: settings.quant_settings {recorded} differ from this script's "
-            f"{settings.describe()}; run the whole export"
-        )
+    settings = recorded_settings(manifest_path, manifest)
     if "large" not in manifest:
         raise SystemExit(f"{manifest_path}: no `large` section; run the whole export")
     E.init()
