@@ -4,8 +4,9 @@
 
 use crate::production;
 use crate::speculative::{self, Speculative, SpeculativeServer};
-use ch17::ch06::recipe::LlamaFtype;
-use ch17::{Architectures, Checkpoints};
+use ch04::Architectures;
+use ch06::recipe::LlamaFtype;
+use ch17::Checkpoints;
 use clap::Parser;
 use std::ffi::OsString;
 use std::sync::Arc;

@@ -2,10 +2,11 @@
 //! [`EngineArgs`].
 
 use crate::generate::Generate;
-use ch10::cache::cache_row_type;
+use ch04::Architectures;
+use ch05::{CacheTypes, RowType};
+use ch06::cache::cache_row_type;
 use ch10::engine::{self, EngineArgs};
 use ch10::mapped::PageAdvice;
-use ch10::{Architectures, CacheTypes, RowType};
 use clap::{CommandFactory, Parser, ValueEnum};
 use std::ffi::OsString;
 
@@ -118,7 +119,7 @@ pub fn main(archs: Architectures) {
 /// [`main`] on the command line `argv` (its first item the program's name).
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
     let args = Engine::parse_from(argv).args(archs);
-    if let Err(e) = ch10::cli::check(&args.generation) {
+    if let Err(e) = ch04::cli::check(&args.generation) {
         Engine::command()
             .error(
                 clap::error::ErrorKind::MissingRequiredArgument,

@@ -90,7 +90,7 @@ impl Generate {
 /// The whole `main` of a chapter's `generate` example: parse the flags, run chapter 4's
 /// [`cli::run`], and exit with a message on error.
 pub fn main(
-    load: impl FnOnce(&ch04::GgufFile) -> Result<Model, Box<dyn std::error::Error>>,
+    load: impl FnOnce(&ch01::GgufFile) -> Result<Model, Box<dyn std::error::Error>>,
     session: impl for<'m> Fn(&'m Model, &Args) -> Box<dyn Session<Error = ForwardError> + 'm>,
 ) {
     let args = Generate::parse().args();

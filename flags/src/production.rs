@@ -4,8 +4,9 @@
 
 use crate::server::Server;
 use crate::settings;
-use ch12::ch11::Formats;
-use ch12::{Architectures, Args, LogFormat};
+use ch04::Architectures;
+use ch11::Formats;
+use ch12::{Args, LogFormat};
 use clap::{CommandFactory, Parser, ValueEnum};
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -140,7 +141,7 @@ pub fn main(archs: Architectures) {
 
 /// [`main`] on the command line `argv` (its first item the program's name).
 pub fn main_from(argv: Vec<OsString>, archs: Architectures) {
-    main_with(argv, archs, Arc::new(ch12::ch11::TextOnly))
+    main_with(argv, archs, Arc::new(ch11::TextOnly))
 }
 
 /// [`main_from`], the requests' output forms those of `formats` (a later chapter's).

@@ -2,8 +2,8 @@
 //! [`RunArgs`].
 
 use crate::engine::Engine;
-use ch14::Architectures;
-use ch14::MakeRule;
+use ch04::Architectures;
+use ch04::MakeRule;
 use ch14::run::{self, RunArgs};
 use clap::{CommandFactory, Parser};
 use std::ffi::OsString;
@@ -50,7 +50,7 @@ pub fn checked(flags: Scaling, archs: Architectures, rule: Option<Arc<dyn MakeRu
         args.engine.generation.rule = rule;
     }
     if !args.mem_budget
-        && let Err(e) = ch14::ch10::cli::check(&args.engine.generation)
+        && let Err(e) = ch04::cli::check(&args.engine.generation)
     {
         Scaling::command()
             .error(

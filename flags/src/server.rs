@@ -1,7 +1,8 @@
 //! Chapter 11's server: its flags (llama-server's names), turned into chapter 11's
 //! [`ServeArgs`].
 
-use ch11::{Architectures, ServeArgs};
+use ch04::Architectures;
+use ch11::ServeArgs;
 use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
 
@@ -80,7 +81,7 @@ impl Server {
             no_repack: self.no_repack,
             cache: self.cache.types(),
             archs,
-            files: std::sync::Arc::new(ch11::ch10::GgufFiles),
+            files: std::sync::Arc::new(ch10::GgufFiles),
             formats: std::sync::Arc::new(ch11::TextOnly),
             guessing: std::sync::Arc::new(ch11::NoGuessing),
         }

@@ -6,8 +6,9 @@
 use crate::production::{self, Production};
 use crate::scaling;
 use crate::structured::Structured;
+use ch04::Architectures;
+use ch16::LookupGuessing;
 use ch16::runner::{self, DRAFT_MAX, SpecArgs, SpecKind};
-use ch16::{Architectures, LookupGuessing};
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -135,9 +136,9 @@ pub fn serve_from(argv: Vec<OsString>, archs: Architectures) {
 }
 
 /// The server's settings `flags` give for `archs`; a usage error exits with status 2.
-pub fn serve_args(flags: SpeculativeServer, archs: Architectures) -> ch16::ch12::Args {
+pub fn serve_args(flags: SpeculativeServer, archs: Architectures) -> ch12::Args {
     let mut args = flags.production.args(archs);
-    args.serve.formats = Arc::new(ch16::Structured::default());
+    args.serve.formats = Arc::new(ch15::Structured::default());
     if flags.spec == ServeSpec::Ngram {
         if flags.draft_max == 0 {
             eprintln!("error: --draft-max 0 guesses nothing: give at least 1, or --spec none");

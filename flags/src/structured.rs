@@ -3,7 +3,8 @@
 //! [`Constraint`](ch15::Constraint) on the generation.
 
 use crate::scaling::{self, Scaling};
-use ch15::{Architectures, Constraint, MakeRule, Source, compile};
+use ch04::{Architectures, MakeRule};
+use ch15::{Constraint, Source, compile};
 use clap::{CommandFactory, Parser};
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -7,7 +7,7 @@
 #![no_main]
 
 use ch02::Tokenizer;
-use ch02::ch01::GgufFile;
+use ch01::GgufFile;
 use ch02::unicode::byte_to_char;
 use libfuzzer_sys::fuzz_target;
 use std::sync::LazyLock;

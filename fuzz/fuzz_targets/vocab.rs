@@ -5,7 +5,7 @@
 #![no_main]
 
 use ch02::Tokenizer;
-use ch02::ch01::Gguf;
+use ch01::Gguf;
 use libfuzzer_sys::fuzz_target;
 
 /// Text that reaches every part of encoding: words, digits, contractions, whitespace runs,

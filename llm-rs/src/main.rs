@@ -1,5 +1,5 @@
 //! `llm-rs`: the finished engine, at the top of the tower. One binary runs every architecture
-//! the chapters know ([`ch17::architectures`]), from a GGUF file or a Hugging Face directory
+//! the chapters know ([`ch13::architectures`]), from a GGUF file or a Hugging Face directory
 //! (chapter 17's; `--quantize TYPE` stores a directory's matrices as a chapter 6 file type):
 //!
 //! - `llm-rs run [--model PATH] "PROMPT"`: complete a prompt (chapter 10's engine, its flags,
@@ -21,8 +21,10 @@
 //! is added above chapter 17, this package depends on it instead and names its set of
 //! architectures: one line in `Cargo.toml`, one in `main`.
 
-use ch17::ch06::recipe::LlamaFtype;
-use ch17::{Architectures, Checkpoint, Config, GgufFile};
+use ch01::{Config, GgufFile};
+use ch04::Architectures;
+use ch06::recipe::LlamaFtype;
+use ch17::Checkpoint;
 use clap::{Parser, Subcommand};
 use std::error::Error;
 use std::ffi::OsString;
@@ -97,12 +99,12 @@ fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<dyn E
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let gguf = if ch17::files::is_checkpoint(&path) {
-        let (file, _) = ch17::mapped::held_gguf(&path, Checkpoint::open(&path)?.image(None)?)?;
-        print!("{}", ch17::ch01::inspect::summary(&file, &name));
+        let (file, _) = ch10::mapped::held_gguf(&path, Checkpoint::open(&path)?.image(None)?)?;
+        print!("{}", ch01::inspect::summary(&file, &name));
         file.gguf
     } else {
         let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        print!("{}", ch17::ch01::inspect::summary(&file, &name));
+        print!("{}", ch01::inspect::summary(&file, &name));
         file.gguf
     };
     let file = &gguf;
@@ -140,7 +142,7 @@ fn convert(dir: &Path, out: &Path, ftype: Option<LlamaFtype>) -> Result<(), Box<
 }
 
 fn main() {
-    let archs = ch17::architectures();
+    let archs = ch13::architectures();
     match Cli::parse().command {
         Command::Inspect { path } => {
             if let Err(e) = inspect(path, &archs) {

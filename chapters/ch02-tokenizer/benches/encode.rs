@@ -4,7 +4,7 @@
 //!
 //! `cargo bench -p ch02 --bench encode`; `scripts/tokenizer-speed` runs it next to llama.cpp.
 
-use ch02::ch01::GgufFile;
+use ch01::GgufFile;
 use ch02::{RegexSplitter, Tokenizer};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;

@@ -10,7 +10,7 @@
 //! conversation is a system prompt, then user and assistant turns in turn; templates that
 //! refuse a system prompt get the same conversation without it.
 
-use ch02::ch01::GgufFile;
+use ch01::GgufFile;
 use ch02::chat::MAX_TEMPLATE_FUEL;
 use ch02::{ChatTemplate, Message};
 use clap::Parser;

@@ -6,8 +6,8 @@
 //! cargo run -q -p ch02 --example tokenize -- --decode "[19556, 905]"  # Hello world
 //! ```
 
+use ch01::GgufFile;
 use ch02::Tokenizer;
-use ch02::ch01::GgufFile;
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -4,7 +4,7 @@
 //!
 //! `cargo run -q -p ch02 --example trace`
 
-use ch02::ch01::GgufFile;
+use ch01::GgufFile;
 use ch02::unicode::byte_level_encode;
 use ch02::{StreamDecoder, Tokenizer};
 

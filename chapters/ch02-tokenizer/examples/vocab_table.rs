@@ -3,8 +3,8 @@
 //!
 //! cargo run -q -p ch02 --example vocab_table [-- FILE.gguf]   (default: the default model)
 
-use ch02::ch01::GgufFile;
-use ch02::ch01::gguf::Value;
+use ch01::GgufFile;
+use ch01::gguf::Value;
 use std::collections::BTreeMap;
 
 /// GGUF's token types (`llama_token_type` in llama.cpp), by number.

@@ -51,7 +51,6 @@ mod unicode_data;
 pub mod vocab;
 pub mod wpm;
 
-pub use ch01;
 pub use chat::{ChatTemplate, Message, Rendered};
 pub use error::TokenizerError;
 pub use pretokenize::{PreTokenizer, RegexSplitter, Splitter};

@@ -4,7 +4,7 @@
 
 mod common;
 
-use ch02::ch01::Gguf;
+use ch01::Gguf;
 use ch02::chat::{MAX_RENDERED_BYTES, MAX_TEMPLATE_FUEL};
 use ch02::vocab::{MAX_TOKEN_BYTES, MAX_VOCAB_TOKENS};
 use ch02::{ChatTemplate, Message, Tokenizer, TokenizerError, Vocab, VocabOptions};

@@ -8,7 +8,7 @@
 
 mod common;
 
-use ch02::ch01::Gguf;
+use ch01::Gguf;
 use ch02::chat::{MAX_RENDERED_BYTES, MAX_TEMPLATE_FUEL};
 use ch02::unicode::byte_level_encode;
 use ch02::{ChatTemplate, Message, StreamDecoder, Tokenizer};
@@ -303,7 +303,7 @@ fn text() -> impl Strategy<Value = String> {
     prop::collection::vec(atom, 0..16).prop_map(|v| v.concat())
 }
 
-fn parse(kvs: &[(String, Meta)]) -> Result<Gguf, ch02::ch01::GgufError> {
+fn parse(kvs: &[(String, Meta)]) -> Result<Gguf, ch01::GgufError> {
     let kvs: Vec<(&str, Meta)> = kvs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     Gguf::parse(&gguf_bytes(&kvs))
 }

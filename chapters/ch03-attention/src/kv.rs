@@ -6,8 +6,8 @@
 //! The traits are what later chapters build on: chapter 5 keeps a store across calls (the KV
 //! cache) and adds a paged one; chapter 7 puts several sequences in one store and one batch.
 
-use crate::ch01::GgmlType;
-use crate::ch01::dequant::row_dequantizer;
+use ch01::GgmlType;
+use ch01::dequant::row_dequantizer;
 use std::fmt;
 use std::ops::Range;
 

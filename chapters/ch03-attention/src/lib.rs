@@ -31,7 +31,4 @@ pub use kv::{KvDyn, KvError, KvRows, KvStore, KvView, VecKv};
 pub use matrix::{DenseLoader, DenseMatrix, LoadError, Matrix, MatrixLoader};
 pub use observe::{NoObserver, Observer, Recorder};
 pub use ops::{AttentionOps, AttnScratch, Scalar};
-pub use rope::{RopeScale, RopeStyle, RopeTable};
-
-/// Everything earlier chapters offer, so `ch03` reads as "the engine as of chapter 3".
-pub use ch01::{self, Config, Gguf, GgufFile};
+pub use rope::{RopeScale, RopeTable};

@@ -19,7 +19,7 @@
 //! permutation silently gives garbage.
 
 /// Which values of a head are rotated together; chapter 1's `Config` reads it from the file.
-pub use ch01::config::RopeStyle;
+use ch01::config::RopeStyle;
 
 // ANCHOR: rope
 /// Precomputed `cos θ` and `sin θ` for every position and pair.

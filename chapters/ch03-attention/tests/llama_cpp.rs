@@ -5,8 +5,9 @@
 //! dequantized to f32 — the same values llama.cpp ran with (it ran an F32 copy of the model
 //! made by dequantizing the same file).
 
+use ch01::{Config, GgufFile};
 use ch03::attention::{Attention, AttentionWeights, TokenPos};
-use ch03::{Config, DenseLoader, GgufFile, KvStore, Recorder, VecKv};
+use ch03::{DenseLoader, KvStore, Recorder, VecKv};
 use testkit::refdata::{self, TensorFile};
 use testkit::{Tolerance, assert_close};
 

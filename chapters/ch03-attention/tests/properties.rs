@@ -1,9 +1,8 @@
 //! Properties of softmax, RoPE and attention that hold for any input.
 
+use ch01::config::RopeStyle;
 use ch03::attention::{Attention, AttentionWeights, AttnBias, TokenPos};
-use ch03::{
-    DenseMatrix, KvStore, NoObserver, Recorder, RopeScale, RopeStyle, RopeTable, VecKv, softmax,
-};
+use ch03::{DenseMatrix, KvStore, NoObserver, Recorder, RopeScale, RopeTable, VecKv, softmax};
 use proptest::prelude::*;
 
 /// f32 sums of a few hundred terms: relative rounding error stays far below this.

@@ -2,7 +2,8 @@
 //!
 //! cargo run --release -p ch04 --example generate -- --prompt "The capital of France is" -n 16 --temp 0
 
-use ch04::{DenseLoader, Model, Uncached};
+use ch03::DenseLoader;
+use ch04::{Model, Uncached};
 
 fn main() {
     flags::generate::main(

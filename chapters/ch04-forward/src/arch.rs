@@ -22,8 +22,9 @@
 
 use crate::batch::Batch;
 use crate::compute::{Compute, Scratch};
+use ch01::{Config, Gguf, GgufFile};
 use ch03::matrix::{LoadError, MatrixLoader};
-use ch03::{Attention, Config, Gguf, GgufFile, KvDyn, Observer};
+use ch03::{Attention, KvDyn, Observer};
 use std::any::Any;
 
 /// What the blocks of a model need from the model around them.

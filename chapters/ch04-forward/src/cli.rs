@@ -15,8 +15,9 @@
 use crate::generate::{GenParams, Generation, Session, StopReason, generate};
 use crate::model::{ForwardError, Model};
 use crate::sampling::{MakeRule, SamplerParams};
+use ch01::GgufFile;
 use ch02::{ChatTemplate, Message, Tokenizer};
-use ch03::{GgufFile, KvError};
+use ch03::KvError;
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::io::{BufRead, IsTerminal, Write};

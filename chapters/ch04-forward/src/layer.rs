@@ -1,8 +1,9 @@
 //! The rest of a llama layer: the gated feed-forward block, and one block's weights.
 
 use crate::compute::{Activation, Compute};
+use ch01::{Config, GgufFile};
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector};
-use ch03::{AttentionWeights, Config, GgufFile, Observer, Scalar};
+use ch03::{AttentionWeights, Observer, Scalar};
 
 // ANCHOR: ffn
 /// The gated feed-forward block: `down(act(gate(x)) ⊙ up(x))`; with SiLU as `act` (llama's)

@@ -51,7 +51,3 @@ pub use sampling::{BadSamplerParam, IgnoreEos, MakeRule, Sampler, SamplerParams,
 pub fn architectures() -> Architectures {
     Architectures::new().with(llama::ARCHITECTURE)
 }
-
-/// Everything earlier chapters offer, so `ch04` reads as "the engine as of chapter 4".
-pub use ch02::{self, ChatTemplate, Message, StreamDecoder, Tokenizer};
-pub use ch03::{self, *};

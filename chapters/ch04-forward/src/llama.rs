@@ -12,8 +12,9 @@ use crate::arch::{Architecture, Blocks, Ctx};
 use crate::batch::Batch;
 use crate::compute::Scratch;
 use crate::layer::LayerWeights;
+use ch01::{Config, GgufFile};
 use ch03::matrix::{LoadError, MatrixLoader};
-use ch03::{Config, GgufFile, KvDyn, Observer};
+use ch03::{KvDyn, Observer};
 
 /// `general.architecture` of llama files.
 pub const NAME: &str = "llama";

@@ -4,9 +4,10 @@
 use crate::arch::{Architectures, Blocks, Ctx};
 pub use crate::batch::Batch;
 use crate::compute::{Compute, Scratch};
+use ch01::{Config, GgufFile};
 use ch03::attention::reserve_batch_with;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector, matrix_bytes};
-use ch03::{Attention, Config, GgufFile, KvError, KvStore, Observer};
+use ch03::{Attention, KvError, KvStore, Observer};
 use shared::memory::{TooLarge, checked_bytes};
 use std::fmt;
 use std::sync::Arc;
@@ -382,7 +383,7 @@ impl Model {
         for (i, wanted) in batch.logits.iter_mut().enumerate() {
             *wanted = i >= from;
         }
-        self.forward(&batch, kv, &mut crate::NoObserver)
+        self.forward(&batch, kv, &mut ch03::NoObserver)
     }
 
     /// A fresh, empty store of keys and values that fits this model.

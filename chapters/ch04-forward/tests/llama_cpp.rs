@@ -4,11 +4,11 @@
 //! llama.cpp ran an F32 copy of the default model made by dequantizing the Q4_1 file, and we
 //! load the Q4_1 file dequantized to f32 ourselves: the same weights.
 
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch03::{DenseLoader, Recorder};
 use ch04::sampling::argmax;
-use ch04::{
-    Batch, DenseLoader, GenParams, GgufFile, Model, Recorder, SamplerParams, StopReason, Tokenizer,
-    Uncached, generate,
-};
+use ch04::{Batch, GenParams, Model, SamplerParams, StopReason, Uncached, generate};
 use std::sync::OnceLock;
 use testkit::HIDDEN_TOL;
 use testkit::refdata::{self, TensorFile};

@@ -6,15 +6,16 @@
 //!
 //! cargo bench -p ch05
 
-use ch05::{
-    Batch, Cached, ContiguousCache, DenseLoader, GgufFile, Model, NoObserver, Session, Uncached,
-};
+use ch01::GgufFile;
+use ch03::{DenseLoader, NoObserver};
+use ch04::{Batch, Model, Session, Uncached};
+use ch05::{Cached, ContiguousCache};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 
 fn token_n(c: &mut Criterion) {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    let model = Model::load(&file, &DenseLoader, &ch05::architectures()).unwrap();
+    let model = Model::load(&file, &DenseLoader, &ch04::architectures()).unwrap();
     let tokens: Vec<u32> = (0..256).map(|i| 1000 + 7 * i).collect();
     let mut g = c.benchmark_group("token_n");
     g.sample_size(10);

@@ -2,11 +2,13 @@
 //!
 //! cargo run --release -p ch05 --example generate_cached -- --prompt "The capital of France is" -n 64 --temp 0
 
-use ch05::{Cached, DenseLoader, Model};
+use ch03::DenseLoader;
+use ch04::Model;
+use ch05::Cached;
 
 fn main() {
     flags::generate::main(
-        |file| Ok(Model::load(file, &DenseLoader, &ch05::architectures())?),
+        |file| Ok(Model::load(file, &DenseLoader, &ch04::architectures())?),
         |model, args| Box::new(Cached::contiguous(model, args.ctx)),
     );
 }

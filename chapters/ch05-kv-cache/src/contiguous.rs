@@ -8,7 +8,7 @@
 //! is half that.
 
 use crate::rows::{CacheTypes, RowBuf, kv_buffers};
-use ch04::ch03::kv::{KvError, KvRows, KvStore, KvView};
+use ch03::kv::{KvError, KvRows, KvStore, KvView};
 
 /// What happens when the cache is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@
 //!   ([`CacheTypes`]).
 //! - [`session`]: a [`Session`](ch04::Session) that feeds only new tokens, with chunked prefill.
 //!
-//! Both caches implement chapter 3's [`KvStore`](ch04::ch03::KvStore) trait, so the forward pass
+//! Both caches implement chapter 3's [`KvStore`](ch03::KvStore) trait, so the forward pass
 //! of chapter 4 runs on them unchanged.
 
 pub mod contiguous;
@@ -24,6 +24,3 @@ pub use contiguous::{ContiguousCache, Overflow};
 pub use paged::{BlockAllocator, BlockId, BlockTable, PagedCache};
 pub use rows::{CacheTypes, RowType};
 pub use session::Cached;
-
-/// Everything earlier chapters offer, so `ch05` reads as "the engine as of chapter 5".
-pub use ch04::{self, *};

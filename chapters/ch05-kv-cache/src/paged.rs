@@ -18,7 +18,7 @@
 //! (copy-on-write). Full shared blocks are never copied.
 
 use crate::rows::{CacheTypes, RowBuf, kv_buffers};
-use ch04::ch03::kv::{KvError, KvRows, KvStore, KvView};
+use ch03::kv::{KvError, KvRows, KvStore, KvView};
 
 /// Index of a block in the pool.
 pub type BlockId = u32;

@@ -8,8 +8,8 @@
 //! offers [`RowType::F32`] and [`RowType::F16`]; chapter 6, which teaches quantization, adds
 //! `Q8_0`. Attention reads the rows back through chapter 3's [`KvRows`], which decodes them.
 
-use ch04::ch03::ch01::GgmlType;
-use ch04::ch03::kv::{KvError, KvRows};
+use ch01::GgmlType;
+use ch03::kv::{KvError, KvRows};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use std::fmt;

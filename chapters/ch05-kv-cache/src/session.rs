@@ -1,6 +1,6 @@
 //! Generation with a KV cache: each step runs the model on the new tokens only.
 
-use ch04::ch03::{KvStore, NoObserver};
+use ch03::{KvStore, NoObserver};
 use ch04::{Batch, ForwardError, Model, Scratch, Session};
 
 // ANCHOR: session
@@ -48,7 +48,7 @@ impl<K: KvStore> Cached<'_, K> {
         );
         let (start, end) = (tokens.len() - n_new, tokens.len());
         if start != self.n_past {
-            return Err(ForwardError::Kv(ch04::KvError::Gap {
+            return Err(ForwardError::Kv(ch03::KvError::Gap {
                 seq: 0,
                 have: self.n_past,
                 start,

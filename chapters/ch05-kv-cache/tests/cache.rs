@@ -2,11 +2,11 @@
 //! uncached ones at every step, for both caches and several prefill chunk sizes; and the
 //! generation matches llama.cpp's, step by step.
 
-use ch05::sampling::argmax;
-use ch05::{
-    Batch, Cached, ContiguousCache, DenseLoader, ForwardError, GgufFile, KvError, KvStore, KvView,
-    Model, NoObserver, Overflow, PagedCache, Session,
-};
+use ch01::GgufFile;
+use ch03::{DenseLoader, KvError, KvStore, KvView, NoObserver};
+use ch04::sampling::argmax;
+use ch04::{Batch, ForwardError, Model, Session};
+use ch05::{Cached, ContiguousCache, Overflow, PagedCache};
 use std::sync::OnceLock;
 use testkit::refdata::{self, TensorFile};
 use testkit::{Tolerance, assert_close, assert_same_sequence};
@@ -22,7 +22,7 @@ const STEPS: usize = 64;
 
 fn load() -> Model {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
-    Model::load(&file, &DenseLoader, &ch05::architectures()).unwrap()
+    Model::load(&file, &DenseLoader, &ch04::architectures()).unwrap()
 }
 
 fn model() -> &'static Model {
@@ -83,7 +83,7 @@ fn cached_logits_equal_uncached_at_every_step() {
     let uncached = model.logits_at_every_position(&all).unwrap();
     let vocab = model.config.vocab_size;
     let row = |step: usize| &uncached[(prompt.len() - 1 + step) * vocab..][..vocab];
-    let real = ch05::Uncached::new(model)
+    let real = ch04::Uncached::new(model)
         .next_logits(&all[..prompt.len() + 3], 1)
         .unwrap()
         .to_vec();
@@ -222,7 +222,7 @@ fn a_full_cache_is_an_error_and_leaves_the_cache_unchanged() {
     let err = s.next_logits(&[1, 2, 3, 4, 5], 2).unwrap_err();
     assert_eq!(
         err,
-        ch05::ForwardError::Kv(KvError::Full {
+        ch04::ForwardError::Kv(KvError::Full {
             seq: 0,
             needed: 5,
             capacity: 4

@@ -2,7 +2,8 @@
 //! forks, truncations and frees never hand a block out twice, never lose one, never let a reference count go
 //! below zero, and every sequence reads back exactly what was written for it.
 
-use ch05::{KvRows, KvStore, KvView, PagedCache};
+use ch03::{KvRows, KvStore, KvView};
+use ch05::PagedCache;
 use proptest::prelude::*;
 use std::collections::HashMap;
 

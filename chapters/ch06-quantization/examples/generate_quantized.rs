@@ -2,11 +2,13 @@
 //!
 //! cargo run --release -p ch06 --example generate_quantized -- --prompt "The capital of France is" -n 64 --temp 0
 
-use ch06::{Cached, Model, QuantLoader};
+use ch04::Model;
+use ch05::Cached;
+use ch06::QuantLoader;
 
 fn main() {
     flags::generate::main(
-        |file| Ok(Model::load(file, &QuantLoader, &ch06::architectures())?),
+        |file| Ok(Model::load(file, &QuantLoader, &ch04::architectures())?),
         |model, args| Box::new(Cached::contiguous(model, args.ctx)),
     );
 }

@@ -10,10 +10,13 @@
 //! prints the mean and the largest KL over the positions, how often the two agree on the most
 //! likely token, and each model's perplexity on the paragraph.
 
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch03::NoObserver;
+use ch04::sampling::argmax;
+use ch04::{Batch, Model};
+use ch06::QuantLoader;
 use ch06::agreement::{kl_divergence_of_log_probs, log_softmax};
-use ch06::ch01::GgufFile;
-use ch06::sampling::argmax;
-use ch06::{Batch, Model, NoObserver, QuantLoader, Tokenizer};
 use clap::Parser;
 use std::path::{Path, PathBuf};
 
@@ -72,7 +75,7 @@ fn run(path: &Path, n: usize) -> Result<Run, Error> {
         .into());
     }
     let ids = ids[..n].to_vec();
-    let model = Model::load(&file, &QuantLoader, &ch06::architectures())?;
+    let model = Model::load(&file, &QuantLoader, &ch04::architectures())?;
     let logits = model.forward(
         &Batch::sequence(0, &ids, 0, true),
         &mut model.new_kv(),

@@ -12,7 +12,10 @@
 //! line per path and layer: the largest absolute error, and the largest error in units of
 //! chapter 4's `HIDDEN_TOL` (1 means at the tolerance).
 
-use ch06::{Batch, DenseLoader, GgufFile, Model, QuantLoader, Recorder};
+use ch01::GgufFile;
+use ch03::{DenseLoader, Recorder};
+use ch04::{Batch, Model};
+use ch06::QuantLoader;
 use testkit::HIDDEN_TOL;
 use testkit::refdata::{self, TensorFile};
 
@@ -34,11 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let paths: [(&str, Model); 2] = [
         (
             "f32",
-            Model::load(&file, &DenseLoader, &ch06::architectures())?,
+            Model::load(&file, &DenseLoader, &ch04::architectures())?,
         ),
         (
             "q4_1",
-            Model::load(&file, &QuantLoader, &ch06::architectures())?,
+            Model::load(&file, &QuantLoader, &ch04::architectures())?,
         ),
     ];
     for (path, model) in &paths {

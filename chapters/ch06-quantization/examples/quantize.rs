@@ -8,7 +8,7 @@
 //! `--types` list gives: `name TYPE` per line) and is requantized from its f32 values. TYPE F32
 //! writes the model dequantized.
 
-use ch06::ch01::GgufFile;
+use ch01::GgufFile;
 use ch06::recipe::{LlamaFtype, Plan, TypeList, quantize_gguf};
 use clap::Parser;
 use std::path::PathBuf;

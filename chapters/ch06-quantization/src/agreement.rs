@@ -23,7 +23,7 @@
 //! Probabilities are computed in f64 from logits minus their maximum: the probabilities of
 //! unlikely tokens are tiny, and KL sums many small differences of their logarithms.
 
-use crate::sampling::argmax;
+use ch04::sampling::argmax;
 use std::fmt;
 
 /// KL(P_reference ‖ P_ours) of the next-token distribution after the prompt. Observed up to

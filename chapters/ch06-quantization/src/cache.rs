@@ -4,12 +4,12 @@
 //! than half of f16 (34 bytes per 32 values: 8.5 bits a value), quantized as llama.cpp does it
 //! when a cache is `--cache-type-k q8_0`: blocks of 32 values, a scale `d = amax / 127` per
 //! block, codes rounded to the nearest integer. Attention reads the blocks back through
-//! chapter 3's [`KvRows`](crate::ch03::KvRows), which decodes them.
+//! chapter 3's [`KvRows`](ch03::KvRows), which decodes them.
 
 use crate::quants::blocks::{BlockQ8_0, QK8_0};
 use crate::quants::legacy::quantize_row_q8_0_ref;
+use ch01::GgmlType;
 use ch05::RowType;
-use ch05::ch01::GgmlType;
 
 // ANCHOR: q8_0_rows
 /// Keys or values in Q8_0.
@@ -55,7 +55,7 @@ pub fn cache_row_type(name: &str) -> Result<RowType, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ch03::KvRows;
+    use ch03::KvRows;
 
     #[test]
     fn a_q8_0_row_is_what_the_reference_quantizer_writes_and_reads_back_within_a_step() {

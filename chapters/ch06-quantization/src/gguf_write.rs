@@ -17,8 +17,8 @@
 //! memory. [`GgufWriter::write_file`] writes to `OUT.tmp` and renames it to `OUT` only when
 //! everything was written, so an error never leaves a half-written `OUT`.
 
-use ch05::ch01::gguf::{GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC};
-use ch05::ch01::{GgmlType, TensorInfo, Value};
+use ch01::gguf::{GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use ch01::{GgmlType, TensorInfo, Value};
 use std::fmt;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -398,8 +398,8 @@ fn put_value(h: &mut Vec<u8>, v: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ch05::ch01::Gguf;
-    use ch05::ch01::gguf::ValueType;
+    use ch01::Gguf;
+    use ch01::gguf::ValueType;
 
     fn every_value_type() -> Vec<(String, Value)> {
         let s = |x: &str| Value::String(x.to_string());

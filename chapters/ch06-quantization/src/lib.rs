@@ -36,6 +36,3 @@ pub mod recipe;
 
 pub use qmatrix::{QMatrix, QuantLoader, RequantLoader, requantize};
 pub use quants::{Block, TypeTraits, WEIGHT_TYPES, quantize_chunk, type_traits};
-
-/// Everything earlier chapters offer, so `ch06` reads as "the engine as of chapter 6".
-pub use ch05::{self, *};

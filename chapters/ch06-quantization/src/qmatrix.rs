@@ -10,8 +10,8 @@
 //! memory map in chapter 10.
 
 use crate::quants::{TypeTraits, VecDot, quantize_chunk, type_traits};
-use ch05::ch01::{GgmlType, Gguf, TensorInfo};
-use ch05::ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
+use ch01::{GgmlType, Gguf, TensorInfo};
+use ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
 
 // ANCHOR: qmatrix
 /// A `(rows, cols)` matrix stored as rows of quantized blocks.

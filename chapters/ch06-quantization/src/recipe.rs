@@ -21,7 +21,7 @@
 
 use crate::gguf_write::{GgufWriter, WriteError};
 use crate::qmatrix::requantize;
-use ch05::ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
+use ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
 use std::cmp::Ordering;
 use std::fmt;
 use std::path::Path;
@@ -196,7 +196,7 @@ pub struct ModelFacts {
 impl ModelFacts {
     /// Read from `{arch}.block_count`, `.attention.head_count(_kv)` and `.expert_count`.
     pub fn from_gguf(gguf: &Gguf) -> Result<ModelFacts, RecipeError> {
-        let meta = |e: ch05::ch01::GgufError| RecipeError::Metadata(e.to_string());
+        let meta = |e: ch01::GgufError| RecipeError::Metadata(e.to_string());
         let arch = gguf.architecture().map_err(meta)?.to_string();
         let n = |key: &str| gguf.get_u32(&format!("{arch}.{key}")).map(|v| v as usize);
         let n_head = n("attention.head_count").map_err(meta)?;

@@ -5,7 +5,7 @@
 //! - `quant/blocks.safetensors`: gguf-py's numpy quantizers (what the conversion scripts run)
 //!   for the types it implements.
 
-use ch06::ch01::GgmlType;
+use ch01::GgmlType;
 use ch06::quants::type_traits;
 use testkit::refdata::TensorFile;
 use testkit::{Tolerance, assert_close};

@@ -10,8 +10,8 @@
 //! types only chapter 6 implements is written out below, so that a type added to either
 //! chapter fails here until it is compared (or listed as intended).
 
-use ch06::ch01::GgmlType;
-use ch06::ch01::dequant::{self, DequantError};
+use ch01::GgmlType;
+use ch01::dequant::{self, DequantError};
 use ch06::type_traits;
 use proptest::prelude::*;
 

@@ -7,13 +7,14 @@
 //! Failures persist in `fuzz_load.proptest-regressions`, so a case found becomes a regression
 //! test.
 
-use ch06::ch01::gguf::ValueType;
-use ch06::ch01::{GgmlType, GgufFile, Value};
+use ch01::gguf::ValueType;
+use ch01::{GgmlType, GgufFile, Value};
+use ch02::Tokenizer;
+use ch03::{DenseLoader, NoObserver};
+use ch04::{Batch, GenParams, Model, SamplerParams, generate};
+use ch05::Cached;
+use ch06::QuantLoader;
 use ch06::gguf_write::GgufWriter;
-use ch06::{
-    Batch, Cached, DenseLoader, GenParams, Model, NoObserver, QuantLoader, SamplerParams,
-    Tokenizer, generate,
-};
 use proptest::prelude::*;
 
 /// Cases per run: each builds, loads and runs a model of a few kilobytes, so 128 take a few
@@ -255,9 +256,9 @@ proptest! {
         let file = GgufFile::from_bytes(build(&s, &damages)).unwrap();
         for quantized in [false, true] {
             let loaded = if quantized {
-                Model::load(&file, &QuantLoader, &ch06::architectures())
+                Model::load(&file, &QuantLoader, &ch04::architectures())
             } else {
-                Model::load(&file, &DenseLoader, &ch06::architectures())
+                Model::load(&file, &DenseLoader, &ch04::architectures())
             };
             let Ok(mut model) = loaded else {
                 // A typed error; its message must say something.
@@ -300,7 +301,7 @@ fn undamaged_models_load_and_stop_at_the_context_end() {
         vocab: 20,
     };
     let file = GgufFile::from_bytes(build(&s, &[])).unwrap();
-    let mut model = Model::load(&file, &DenseLoader, &ch06::architectures()).unwrap();
+    let mut model = Model::load(&file, &DenseLoader, &ch04::architectures()).unwrap();
     model.set_context(8).unwrap();
     let tok = Tokenizer::from_gguf(&file.gguf).unwrap();
     assert_eq!(tok.encode("ab", false, false), [2]);
@@ -315,6 +316,6 @@ fn undamaged_models_load_and_stop_at_the_context_end() {
     };
     let mut session = Cached::contiguous(&model, None);
     let g = generate(&mut session, &tok, &[1, 2, 3], &params, &mut |_| {}).unwrap();
-    assert_eq!(g.stop, ch06::StopReason::ContextFull);
+    assert_eq!(g.stop, ch04::StopReason::ContextFull);
     assert_eq!(g.ids.len(), 8 - 3 + 1);
 }

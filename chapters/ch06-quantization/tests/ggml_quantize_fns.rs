@@ -2,7 +2,7 @@
 //! the same synthetic data, the same error measures and the same named bounds. A kernel that
 //! passes here passes where ggml's does.
 
-use ch06::ch01::GgmlType;
+use ch01::GgmlType;
 use ch06::quants::{TypeTraits, WEIGHT_TYPES, type_traits};
 
 // ggml's bounds, with ggml's names and values.

@@ -6,9 +6,11 @@
 //! next-token distribution, teacher-forced greedy tokens that may differ only at near-ties),
 //! and why not element-wise: `ch06::agreement`.
 
+use ch01::{GgmlType, GgufFile, TensorInfo};
+use ch03::NoObserver;
+use ch04::{Batch, Model};
 use ch06::agreement::{check_tie_fraction, teacher_forced};
-use ch06::ch01::{GgmlType, GgufFile, TensorInfo};
-use ch06::{Batch, Model, NoObserver, QuantLoader, RequantLoader};
+use ch06::{QuantLoader, RequantLoader};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -62,7 +64,7 @@ static GLOBAL: ThreadBytes = ThreadBytes;
 
 fn model_for(variant: &serde_json::Value, file: &GgufFile, name: &str) -> Model {
     if variant["quantized_here"] != serde_json::Value::Bool(true) {
-        return Model::load(file, &QuantLoader, &ch06::architectures()).unwrap();
+        return Model::load(file, &QuantLoader, &ch04::architectures()).unwrap();
     }
     let types: HashMap<String, GgmlType> = variant["tensors"]
         .as_array()
@@ -75,7 +77,7 @@ fn model_for(variant: &serde_json::Value, file: &GgufFile, name: &str) -> Model 
         })
         .collect();
     let choose = |info: &TensorInfo| types[&info.name];
-    Model::load(file, &RequantLoader { choose }, &ch06::architectures()).unwrap()
+    Model::load(file, &RequantLoader { choose }, &ch04::architectures()).unwrap()
 }
 
 #[test]
@@ -124,7 +126,7 @@ fn the_quantized_model_is_about_the_size_of_the_file() {
     // Model::load runs on this thread, so what this thread holds afterwards, and did not
     // before, is the model.
     let before = live_bytes();
-    let model = Model::load(&file, &QuantLoader, &ch06::architectures()).unwrap();
+    let model = Model::load(&file, &QuantLoader, &ch04::architectures()).unwrap();
     let model_bytes = (live_bytes() - before) as f64;
     let file_bytes = std::fs::metadata(&path).unwrap().len() as f64;
     let ratio = model_bytes / file_bytes;
@@ -149,7 +151,7 @@ fn the_quantized_model_is_about_the_size_of_the_file() {
     assert!(logits.iter().all(|l| l.is_finite()));
     assert!(
         model
-            .blocks_as::<ch06::llama::Llama>()
+            .blocks_as::<ch04::llama::Llama>()
             .expect("llama blocks")
             .layers[0]
             .attn

@@ -2,7 +2,7 @@
 //! the integer dot product equals the float dot product of the dequantized values, and
 //! quantizing to the activation format is the identity on its own dequantized values.
 
-use ch06::ch01::GgmlType;
+use ch01::GgmlType;
 use ch06::quants::{TypeTraits, WEIGHT_TYPES, type_traits};
 use proptest::prelude::*;
 

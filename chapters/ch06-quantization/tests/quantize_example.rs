@@ -5,7 +5,7 @@
 //! must therefore give llama.cpp's bytes. `quant/variants.json` records the sha256 of each of
 //! its tensors and of its whole file: the file written here must match both, and parse.
 
-use ch06::ch01::{GgmlType, GgufFile};
+use ch01::{GgmlType, GgufFile};
 use ch06::recipe::{LlamaFtype, Plan, quantize_gguf};
 use sha2::{Digest, Sha256};
 

@@ -5,8 +5,8 @@
 //! llama.cpp wrote. The recipe must choose the same type for every tensor, and list them in the
 //! same order. The other tests here check rules this model does not reach, on made-up tensors.
 
-use ch06::ch01::gguf::ValueType;
-use ch06::ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
+use ch01::gguf::ValueType;
+use ch01::{GgmlType, Gguf, GgufFile, TensorInfo, Value};
 use ch06::recipe::{LlamaFtype, Plan, TypeList, allows_quantization, fallback};
 use testkit::assert_same_sequence;
 use testkit::refdata::QUANT_VARIANTS;

@@ -6,7 +6,7 @@
 //! so quantizing each dequantized tensor to its recorded type, row by row, must give the same
 //! hashes: this tests real quantized models without storing them.
 
-use ch06::ch01::{GgmlType, GgufFile};
+use ch01::{GgmlType, GgufFile};
 use ch06::quants::quantize_chunk;
 use rayon::prelude::*;
 use serde_json::Value;

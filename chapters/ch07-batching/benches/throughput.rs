@@ -9,8 +9,11 @@
 //! each: several minutes in all. `cargo run --release -p ch07 --example throughput_table`
 //! prints the same comparison as a table, faster.
 
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch04::Model;
+use ch06::QuantLoader;
 use ch07::throughput::{self, PROMPTS};
-use ch07::{GgufFile, Model, QuantLoader, Tokenizer};
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
@@ -20,7 +23,7 @@ use std::time::Duration;
 fn throughput(c: &mut Criterion) {
     let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let tok = Tokenizer::from_gguf(&file.gguf).unwrap();
-    let model = Model::load(&file, &QuantLoader, &ch07::architectures()).unwrap();
+    let model = Model::load(&file, &QuantLoader, &ch04::architectures()).unwrap();
     let params = throughput::params();
 
     let mut g = c.benchmark_group("throughput");

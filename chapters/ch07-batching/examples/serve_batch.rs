@@ -8,10 +8,12 @@
 //! in the prefix cache (`cached` in the table at the end). `--show-tree` prints the prefix
 //! cache's radix tree at the end.
 
-use ch07::{
-    ChatTemplate, DenseLoader, GenParams, GgufFile, Message, Model, QuantLoader, Request,
-    RequestId, SamplerParams, Scheduler, SchedulerConfig, Sink, Tokenizer,
-};
+use ch01::GgufFile;
+use ch02::{ChatTemplate, Message, Tokenizer};
+use ch03::DenseLoader;
+use ch04::{GenParams, Model, SamplerParams};
+use ch06::QuantLoader;
+use ch07::{Request, RequestId, Scheduler, SchedulerConfig, Sink};
 use clap::Parser;
 use std::collections::HashMap;
 use std::io::Write;
@@ -123,9 +125,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&file.gguf)?;
     let model = if args.dense {
-        Model::load(&file, &DenseLoader, &ch07::architectures())?
+        Model::load(&file, &DenseLoader, &ch04::architectures())?
     } else {
-        Model::load(&file, &QuantLoader, &ch07::architectures())?
+        Model::load(&file, &QuantLoader, &ch04::architectures())?
     };
     let template = ChatTemplate::from_gguf(&file.gguf)?;
     let prompts: Vec<String> = if args.prompt.is_empty() {
@@ -166,7 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(path.as_os_str())
         .to_string_lossy();
     let weights = model
-        .blocks_as::<ch07::llama::Llama>()
+        .blocks_as::<ch04::llama::Llama>()
         .expect("llama blocks")
         .layers[0]
         .attn

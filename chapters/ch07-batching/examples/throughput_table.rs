@@ -9,8 +9,12 @@
 //! cargo run --release -p ch07 --example throughput_table
 //! cargo run --release -p ch07 --example throughput_table -- --dense --runs 5
 
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch03::DenseLoader;
+use ch04::Model;
+use ch06::QuantLoader;
 use ch07::throughput;
-use ch07::{DenseLoader, GgufFile, Model, QuantLoader, Tokenizer};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -30,12 +34,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tok = Tokenizer::from_gguf(&file.gguf)?;
     let (model, weights) = if args.dense {
         (
-            Model::load(&file, &DenseLoader, &ch07::architectures())?,
+            Model::load(&file, &DenseLoader, &ch04::architectures())?,
             "f32 weights (DenseLoader: chapter 3's scalar dot product)",
         )
     } else {
         (
-            Model::load(&file, &QuantLoader, &ch07::architectures())?,
+            Model::load(&file, &QuantLoader, &ch04::architectures())?,
             "Q4_1 weights (QuantLoader: chapter 6's scalar kernels)",
         )
     };

@@ -35,6 +35,3 @@ pub use request::{Finished, Proposer, Request, RequestId};
 pub use scheduler::{
     BatchModel, Scheduler, SchedulerConfig, SchedulerError, Sink, Stats, StepReport,
 };
-
-/// Everything earlier chapters offer, so `ch07` reads as "the engine as of chapter 7".
-pub use ch06::{self, *};

@@ -31,7 +31,7 @@
 //! tenant its own salt (chapter 12 does, one per API key) keeps one tenant from learning what
 //! another sent; salt 0 is the partition of everyone else.
 
-use ch06::{BlockAllocator, BlockId};
+use ch05::{BlockAllocator, BlockId};
 use std::collections::HashMap;
 
 /// Index of a node in the tree's arena.

@@ -1,13 +1,13 @@
 //! A request, what it streams while it runs, and what it reports when it is done.
 //!
-//! The per-request state of generation is chapter 4's [`ch06::Generator`]: the request's own
+//! The per-request state of generation is chapter 4's [`ch04::Generator`]: the request's own
 //! sampler (its seed, its random stream), streaming decoder and stop-string filter. The
 //! scheduler keeps one per request and feeds it the request's row of each batch's logits, so a
 //! request produces exactly the tokens and text that chapter 4's `generate` produces for its
 //! prompt alone. Preemption drops the keys and values only: the generator continues where it
 //! was, so a recomputed request writes what it would have written.
 
-use ch06::{ForwardError, GenParams, StopReason};
+use ch04::{ForwardError, GenParams, StopReason};
 use std::time::Duration;
 
 /// A request's number: requests are numbered in the order they arrive, and that order is the

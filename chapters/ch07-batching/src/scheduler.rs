@@ -45,10 +45,12 @@
 use crate::cost::{Judge, StepCost};
 use crate::prefix::PrefixCache;
 use crate::request::{Finished, Proposer, Request, RequestId};
-use ch06::{
-    BadSamplerParam, Batch, CacheTypes, ForwardError, Generator, Model, NoObserver, NonFinite,
-    PagedCache, Scratch, StopReason, Tokenizer,
+use ch02::Tokenizer;
+use ch03::NoObserver;
+use ch04::{
+    BadSamplerParam, Batch, ForwardError, Generator, Model, NonFinite, Scratch, StopReason,
 };
+use ch05::{CacheTypes, PagedCache};
 use std::fmt;
 use std::time::{Duration, Instant};
 

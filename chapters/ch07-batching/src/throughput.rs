@@ -8,7 +8,9 @@
 
 use crate::request::Request;
 use crate::scheduler::{BatchModel, Scheduler, SchedulerConfig, SchedulerError};
-use ch06::{Cached, ForwardError, GenParams, Model, SamplerParams, Tokenizer, generate};
+use ch02::Tokenizer;
+use ch04::{ForwardError, GenParams, Model, SamplerParams, generate};
+use ch05::Cached;
 use std::time::{Duration, Instant};
 
 /// Short prompts of different lengths, one per concurrent request.

@@ -7,11 +7,12 @@
 //! times faster than chapter 6's scalar integer dot products, which keeps these tests quick.
 //! Both compute every row of a batch on its own, so the exactness argued below holds for both.
 
-use ch07::{
-    Cached, ContiguousCache, DenseLoader, Finished, GenParams, GgufFile, Model, Overflow, Request,
-    RequestId, SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer,
-    generate,
-};
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch03::DenseLoader;
+use ch04::{GenParams, Model, SamplerParams, Session, StopReason, generate};
+use ch05::{Cached, ContiguousCache, Overflow};
+use ch07::{Finished, Request, RequestId, Scheduler, SchedulerConfig, Sink};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use testkit::{Tolerance, assert_close};
@@ -35,7 +36,7 @@ fn engine() -> &'static Engine {
     E.get_or_init(|| {
         let file = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
         Engine {
-            model: Model::load(&file, &DenseLoader, &ch07::architectures()).unwrap(),
+            model: Model::load(&file, &DenseLoader, &ch04::architectures()).unwrap(),
             tok: Tokenizer::from_gguf(&file.gguf).unwrap(),
         }
     })

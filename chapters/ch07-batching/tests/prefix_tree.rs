@@ -2,7 +2,8 @@
 //! blocks: random inserts (sequences that share beginnings), lookups and evictions, with some
 //! blocks held by "running sequences" so that eviction must leave them alone.
 
-use ch07::{BlockAllocator, BlockId, PrefixCache};
+use ch05::{BlockAllocator, BlockId};
+use ch07::PrefixCache;
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 

@@ -18,12 +18,13 @@
 //! next tokens, some of them made wrong on purpose. The same promises hold for them, with the
 //! cache truncated past every wrong guess (the fake model checks every position it reads).
 
-use ch07::ch03::attention::reserve_batch;
-use ch07::{
-    Batch, BatchModel, ForwardError, GenParams, GgufFile, KvStore, KvView, PagedCache, Proposer,
-    Request, SamplerParams, Scheduler, SchedulerConfig, Session, Sink, StopReason, Tokenizer,
-    generate,
-};
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch03::attention::reserve_batch;
+use ch03::{KvStore, KvView};
+use ch04::{Batch, ForwardError, GenParams, SamplerParams, Session, StopReason, generate};
+use ch05::PagedCache;
+use ch07::{BatchModel, Proposer, Request, Scheduler, SchedulerConfig, Sink};
 use proptest::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -106,7 +107,7 @@ impl BatchModel for FakeModel {
             let view = kv.view(0, at.seq);
             let history: Vec<u32> = (0..=at.pos)
                 .map(|p| {
-                    let ch07::KvRows::F32(k) = view.key(p) else {
+                    let ch03::KvRows::F32(k) = view.key(p) else {
                         panic!("the pool keeps f32 unless told otherwise")
                     };
                     assert_eq!(

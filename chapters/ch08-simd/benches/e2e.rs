@@ -17,11 +17,14 @@
 //!
 //! cargo bench -p ch08 --bench e2e [-- decode]
 
+use ch01::GgufFile;
+use ch03::NoObserver;
+use ch04::{Batch, Model, sampling::argmax};
+use ch05::ContiguousCache;
+use ch06::QuantLoader;
+use ch08::FastLoader;
 use ch08::kernels::KernelSet;
 use ch08::pool::{Parallel, RayonPool, SpinPool};
-use ch08::{
-    Batch, ContiguousCache, FastLoader, GgufFile, Model, NoObserver, QuantLoader, sampling::argmax,
-};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -44,14 +47,14 @@ fn engines(file: &GgufFile) -> Vec<(&'static str, Model)> {
             pool,
             pack: true,
         };
-        Model::load(file, &loader, &ch08::architectures())
+        Model::load(file, &loader, &ch04::architectures())
             .unwrap()
             .with_compute(loader.compute())
     };
     vec![
         (
             "scalar_1t",
-            Model::load(file, &QuantLoader, &ch08::architectures()).unwrap(),
+            Model::load(file, &QuantLoader, &ch04::architectures()).unwrap(),
         ),
         ("simd_1t", fast(Arc::new(SpinPool::new(1)))),
         ("simd_2t", fast(Arc::new(SpinPool::new(2)))),

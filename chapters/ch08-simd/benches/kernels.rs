@@ -24,12 +24,15 @@
 //! threads. Each step reads all 16 caches once, 85 MB in f16, so it shows how much of such a
 //! step is memory and how much arithmetic. Checked against the scalar reference first.
 
-use ch08::ch01::GgmlType;
-use ch08::ch04::ch03::{Attention, AttentionOps, KvStore, RopeStyle, RopeTable, Scalar, TokenPos};
+use ch01::GgmlType;
+use ch01::config::RopeStyle;
+use ch03::{Attention, AttentionOps, KvStore, RopeTable, Scalar, TokenPos};
+use ch06::QMatrix;
+use ch06::quants::WEIGHT_TYPES;
+use ch06::quants::{FromFloat, type_traits};
 use ch08::gemm::{ActPanels, OutPtr, PackedMatrix, PackedType};
-use ch08::kernels::{Isa, KernelSet, TypeKernels, WEIGHT_TYPES, dot_kernels};
-use ch08::quants::{FromFloat, type_traits};
-use ch08::{PoolKind, QMatrix, SimdCompute, ch05, new_pool};
+use ch08::kernels::{Isa, KernelSet, TypeKernels, dot_kernels};
+use ch08::{PoolKind, SimdCompute, new_pool};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::Duration;

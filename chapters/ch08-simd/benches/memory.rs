@@ -13,13 +13,14 @@
 //! cargo bench -p ch08 --bench memory; `scripts/machine-tables ch08-memory` runs it and writes
 //! the book's table.
 
-use ch08::ch01::GgmlType;
-use ch08::ch03::matrix::Matrix;
+use ch01::GgmlType;
+use ch03::matrix::Matrix;
+use ch06::QMatrix;
+use ch08::FastMatrix;
 use ch08::fast_matrix::Store;
 use ch08::gemm::{PREFETCH, PackedMatrix};
 use ch08::kernels::KernelSet;
 use ch08::pool::{Parallel, SpinPool};
-use ch08::{FastMatrix, QMatrix};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::sync::Arc;

@@ -13,14 +13,16 @@
 //!
 //! cargo run --release -p ch08 --example breakdown -- --threads 2 [--prompt-tokens 124] [--decode 128] [--scalar] [--json]
 
-use ch08::ch01::{Gguf, TensorInfo};
-use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
-use ch08::ch03::{Attention, KvView, RopeTable, TokenPos};
+use ch01::GgufFile;
+use ch01::{Gguf, TensorInfo};
+use ch03::AttentionOps;
+use ch03::matrix::{LoadError, Matrix, MatrixLoader};
+use ch03::{Attention, KvView, RopeTable, TokenPos};
+use ch04::{Activation, Compute, Model, Session};
+use ch05::ContiguousCache;
+use ch08::FastLoader;
 use ch08::gemm::{PREFETCH, prefetch_line, zeroed_lines};
 use ch08::pool::{PoolKind, new_pool};
-use ch08::{
-    Activation, AttentionOps, Compute, ContiguousCache, FastLoader, GgufFile, Model, Session,
-};
 use clap::Parser;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +34,7 @@ struct Cli {
     #[arg(long)]
     model: Option<std::path::PathBuf>,
     /// Threads (default: the physical cores).
-    #[arg(long, short = 't', default_value_t = ch08::cli::default_threads())]
+    #[arg(long, short = 't', default_value_t = ch04::cli::default_threads())]
     threads: usize,
     /// Prompt length in tokens (a repeated sentence).
     #[arg(long, default_value_t = 124)]
@@ -158,19 +160,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fast_pool = new_pool(PoolKind::Spin, cli.threads);
     let fast = FastLoader::new(fast_pool.clone());
     let compute: Arc<dyn Compute> = if cli.scalar {
-        Arc::new(ch08::ch03::Scalar)
+        Arc::new(ch03::Scalar)
     } else {
         fast.compute()
     };
     let model = Model::load(
         &file,
         &TimedLoader(fast, clock.clone()),
-        &ch08::architectures(),
+        &ch04::architectures(),
     )?
     .with_compute(Arc::new(TimedCompute(compute.clone(), clock.clone())));
     let n_ctx = cli.prompt_tokens + cli.decode + 1;
     let kv = ContiguousCache::for_model(&model, n_ctx);
-    let mut session = ch08::Cached::new(&model, kv, 256);
+    let mut session = ch05::Cached::new(&model, kv, 256);
     // A prompt of distinct-enough tokens: ids walking through the vocabulary.
     let mut tokens: Vec<u32> = (0..cli.prompt_tokens as u32)
         .map(|i| 1000 + (i * 37) % 20_000)

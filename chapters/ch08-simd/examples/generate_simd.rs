@@ -2,9 +2,11 @@
 //!
 //! cargo run --release -p ch08 --example generate_simd -- --prompt "The capital of France is" -n 64 --temp 0 --threads 2
 
-use ch08::cli;
+use ch04::Model;
+use ch04::cli;
+use ch05::Cached;
+use ch08::FastLoader;
 use ch08::pool::{PoolKind, new_pool};
-use ch08::{Cached, FastLoader, Model};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -31,7 +33,7 @@ fn main() {
     let result = cli::run(
         args,
         |file| {
-            let mut model = Model::load(file, &loader, &ch08::architectures())?;
+            let mut model = Model::load(file, &loader, &ch04::architectures())?;
             if !cli.scalar_compute {
                 model = model.with_compute(loader.compute());
             }
@@ -55,7 +57,7 @@ fn summary(model: &Model) -> String {
     let w = &model.weights;
     let mut all = vec![w.token_embd.describe()];
     let layers = model
-        .blocks_as::<ch08::llama::Llama>()
+        .blocks_as::<ch04::llama::Llama>()
         .map_or(&[][..], |b| &b.layers);
     for l in layers {
         for m in [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo] {

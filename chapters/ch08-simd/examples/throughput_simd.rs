@@ -6,9 +6,12 @@
 //!
 //! cargo run --release -p ch08 --example throughput_simd -- --threads 2
 
-use ch08::ch07::throughput;
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch04::Model;
+use ch07::throughput;
+use ch08::FastLoader;
 use ch08::pool::{PoolKind, new_pool};
-use ch08::{FastLoader, GgufFile, Model, Tokenizer};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -17,7 +20,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Threads of the pool the products and attention run on (default: the physical cores).
-    #[arg(long, short = 't', default_value_t = ch08::cli::default_threads())]
+    #[arg(long, short = 't', default_value_t = ch04::cli::default_threads())]
     threads: usize,
 }
 
@@ -26,7 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = GgufFile::open(shared::default_model_path()?)?;
     let tok = Tokenizer::from_gguf(&file.gguf)?;
     let fast = FastLoader::new(new_pool(PoolKind::Spin, args.threads.max(1)));
-    let model = Model::load(&file, &fast, &ch08::architectures())?.with_compute(fast.compute());
+    let model = Model::load(&file, &fast, &ch04::architectures())?.with_compute(fast.compute());
     let runs = args.runs.max(1);
     // With one thread the caller's on-CPU time is the engine's; with more, only wall-clock
     // time counts every thread's work.
@@ -40,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          chapter 8's kernels ({}), {} thread{}; median of {runs} runs; {}.",
         throughput::N_GENERATE,
         model
-            .blocks_as::<ch08::llama::Llama>()
+            .blocks_as::<ch04::llama::Llama>()
             .expect("llama blocks")
             .layers[0]
             .attn

@@ -21,14 +21,14 @@
 //! 10), multiplied with the kernel set's `vec_dot` one row and one token at a time, tokens in
 //! tiles so a weight row is used for several tokens while it is in L1.
 
-use crate::ch01::{GgmlType, Gguf, TensorInfo};
-use crate::ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
 use crate::gemm::{ActPanels, GROUP, OutPtr, PackedMatrix, block_size, pack_checked};
 use crate::kernels::{KernelSet, TypeKernels};
 use crate::pool::Parallel;
-use crate::qmatrix::QMatrix;
-use crate::quants::VecDot;
-use crate::quants::type_traits;
+use ch01::{GgmlType, Gguf, TensorInfo};
+use ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
+use ch06::qmatrix::QMatrix;
+use ch06::quants::VecDot;
+use ch06::quants::type_traits;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -434,8 +434,8 @@ impl FastLoader {
     }
 
     /// The rest of the layer on the same kernels' instruction set and the same pool: give it
-    /// to [`Model::with_compute`](crate::Model::with_compute).
-    pub fn compute(&self) -> Arc<dyn crate::ch04::Compute> {
+    /// to [`Model::with_compute`](ch04::Model::with_compute).
+    pub fn compute(&self) -> Arc<dyn ch04::Compute> {
         Arc::new(crate::simd_compute::SimdCompute::new(
             &self.kernels,
             self.pool.clone(),

@@ -39,11 +39,11 @@
 //! These kernels therefore agree with the scalar ones to float rounding, like the k-quant SIMD
 //! `vec_dot`s of [`crate::kernels`], not bit for bit.
 
-use crate::ch01::GgmlType;
-use crate::ch03::LoadError;
 use crate::kernels::TypeKernels;
-use crate::qmatrix::QMatrix;
-use crate::quants::search::get_scale_min_k4;
+use ch01::GgmlType;
+use ch03::LoadError;
+use ch06::qmatrix::QMatrix;
+use ch06::quants::search::get_scale_min_k4;
 use rayon::prelude::*;
 
 /// Rows interleaved in a packed group: one AVX-512 register of 32-bit lanes.

@@ -15,8 +15,8 @@
 //! registers); [`dot_kernels`] lists every kernel this CPU can run, for tests and benchmarks,
 //! and the table in this module records which one each set uses.
 
-use crate::ch06::ch01::GgmlType;
-use crate::ch06::quants::{
+use ch01::GgmlType;
+use ch06::quants::{
     Block, CastError, FromFloat, VecDot, as_bytes, blocks, blocks_mut, type_traits,
 };
 use std::borrow::Cow;
@@ -30,7 +30,7 @@ pub const KERNELS_ENV: &str = "LLM_RS_KERNELS";
 /// The weight types with kernels, in the order [`KernelSet::describe`] lists them: chapter 6's
 /// list, since every type with a scalar kernel has a kernel in every set (its own, or one from
 /// the set below it).
-pub use crate::ch06::quants::WEIGHT_TYPES;
+use ch06::quants::WEIGHT_TYPES;
 
 /// An instruction set the kernels can be built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -504,8 +504,8 @@ mod table {
     #[cfg(target_arch = "x86_64")]
     mod arch {
         use super::*;
-        use crate::ch06::quants::blocks::*;
         use crate::simd::x86::{avx2, avx512, avx512vnni, avx512vnni::ymm};
+        use ch06::quants::blocks::*;
 
         const AVX2: Option<Isa> = Some(Isa::Avx2);
         const AVX512: Option<Isa> = Some(Isa::Avx512);
@@ -735,8 +735,8 @@ mod table {
     #[cfg(target_arch = "aarch64")]
     mod arch {
         use super::*;
-        use crate::ch06::quants::blocks::*;
         use crate::simd::arm::{neon, neondotprod};
+        use ch06::quants::blocks::*;
 
         const NEON: Option<Isa> = Some(Isa::Neon);
         const DOTPROD: Option<Isa> = Some(Isa::NeonDotprod);

@@ -28,6 +28,3 @@ pub mod simd_compute;
 pub use fast_matrix::{FastLoader, FastMatrix};
 pub use pool::{Parallel, PoolKind, RayonPool, SpinPool, new_pool};
 pub use simd_compute::SimdCompute;
-
-/// Everything earlier chapters offer, so `ch08` reads as "the engine as of chapter 8".
-pub use ch07::{self, *};

@@ -32,14 +32,15 @@
 //! arithmetic-bound kernels. Buffers are kept per thread of the pool and reused, so nothing is
 //! allocated per token.
 
-use crate::ch04::ch03::ch01::GgmlType;
-use crate::ch04::ch03::ch01::dequant::row_dequantizer;
-use crate::ch04::ch03::{Attention, KvDyn, KvRows, KvView, RopeTable, TokenPos};
-use crate::ch04::compute::geglu;
-use crate::ch04::{Activation, AttentionOps, Compute};
 use crate::kernels::{Isa, KernelSet};
 use crate::pool::Parallel;
 pub use crate::simd::F32Simd;
+use ch01::GgmlType;
+use ch01::dequant::row_dequantizer;
+use ch03::AttentionOps;
+use ch03::{Attention, KvDyn, KvRows, KvView, RopeTable, TokenPos};
+use ch04::compute::geglu;
+use ch04::{Activation, Compute};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -77,7 +78,7 @@ pub struct Portable;
 impl F32Simd for Portable {
     #[inline(always)]
     unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        crate::ch04::ch03::matrix::dot(a, b)
+        ch03::matrix::dot(a, b)
     }
     #[inline(always)]
     unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
@@ -105,7 +106,7 @@ impl F32Simd for Portable {
     #[inline(always)]
     unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
         for (g, u) in g.iter_mut().zip(u) {
-            *g = crate::ch04::compute::silu(*g) * u;
+            *g = ch04::compute::silu(*g) * u;
         }
     }
     #[inline(always)]
@@ -1161,8 +1162,9 @@ impl Compute for SimdCompute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ch04::ch03::{RopeStyle, TokenPos};
     use crate::pool::SpinPool;
+    use ch01::config::RopeStyle;
+    use ch03::TokenPos;
 
     /// A KV store that breaks `KvView`'s promise: its runs of keys and values are empty.
     struct EmptyRuns;
@@ -1245,9 +1247,9 @@ mod tests {
     /// a time), to f32 rounding.
     #[test]
     fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
-        use crate::ch04::ch03::{AttentionOps, KvStore, Scalar};
-        use crate::ch06::cache::ROW_Q8_0;
-        use crate::{CacheTypes, ContiguousCache, Overflow, RowType};
+        use ch03::{AttentionOps, KvStore, Scalar};
+        use ch05::{CacheTypes, ContiguousCache, Overflow, RowType};
+        use ch06::cache::ROW_Q8_0;
         // Attention outputs are averages of values of magnitude ~2: summation order moves
         // them by a few f32 roundings of that.
         const CLOSE: f32 = 1e-5;

@@ -5,8 +5,11 @@
 //! `shared`'s counting global allocator counts every allocation of the process (the pool's
 //! workers included). This file holds one test, so no other test allocates meanwhile.
 
+use ch01::GgufFile;
+use ch04::{Model, Session};
+use ch05::{Cached, ContiguousCache};
+use ch08::FastLoader;
 use ch08::pool::SpinPool;
-use ch08::{Cached, ContiguousCache, FastLoader, GgufFile, Model, Session};
 use std::sync::Arc;
 use testkit::alloc::allocations;
 
@@ -19,7 +22,7 @@ fn a_decode_step_allocates_nothing_after_warm_up() {
         .unwrap_or_else(|e| panic!("{e}"));
     // Two threads, so that attention splits its keys and the pool's workers run too.
     let fast = FastLoader::new(Arc::new(SpinPool::new(2)));
-    let model = Model::load(&file, &fast, &ch08::architectures())
+    let model = Model::load(&file, &fast, &ch04::architectures())
         .unwrap()
         .with_compute(fast.compute());
     let kv = ContiguousCache::for_model(&model, 512);

@@ -8,11 +8,13 @@
 //!   attention adds its softmax denominator in f32 tile by tile where the reference adds it in
 //!   f64 in one go, and rescales as the running maximum grows.
 
-use ch08::ch03::{Attention, AttentionOps, KvStore, RopeStyle, RopeTable, Scalar, TokenPos, VecKv};
+use ch01::config::RopeStyle;
+use ch03::{Attention, AttentionOps, KvStore, RopeTable, Scalar, TokenPos, VecKv};
+use ch04::{Activation, Compute};
+use ch05::{ContiguousCache, Overflow};
 use ch08::kernels::{Isa, KernelSet};
 use ch08::pool::{Parallel, RayonPool, SpinPool};
 use ch08::simd_compute::{F32Isa, SimdCompute};
-use ch08::{Activation, Compute, ContiguousCache, Overflow};
 use std::sync::Arc;
 use testkit::{Tolerance, assert_close};
 
@@ -385,7 +387,7 @@ fn attention_reads_a_wrapped_ring_and_a_paged_cache() {
         ATTN_TOL,
     );
 
-    let mut paged = ch08::PagedCache::new(1, kvd, 7, 32);
+    let mut paged = ch05::PagedCache::new(1, kvd, 7, 32);
     let got = attend_with(&simd, &a, &mut paged, past, n, 3);
     assert_close(
         "attention on a paged cache",
@@ -414,8 +416,8 @@ fn a_batch_of_sequences_attends_as_each_alone() {
         (2, 600, 1),
         (4, 250, 20),
     ];
-    for types in [ch08::CacheTypes::F32, ch08::CacheTypes::F16] {
-        let mut kv = ch08::PagedCache::try_typed(1, kvd, 16, 160, types).unwrap();
+    for types in [ch05::CacheTypes::F32, ch05::CacheTypes::F16] {
+        let mut kv = ch05::PagedCache::try_typed(1, kvd, 16, 160, types).unwrap();
         let mut tokens = Vec::new();
         for &(seq, past, n) in &seqs {
             kv.reserve(seq, 0..past + n).unwrap();

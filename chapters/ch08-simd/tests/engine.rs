@@ -13,17 +13,18 @@
 //! So the default Q4_1 file (Q4_1 and Q8_0 matrices) gives chapter 6's logits bit for bit,
 //! packed or not — whatever the threads, and whether the tokens come in one batch or one by one.
 
-use ch08::agreement::{MAX_KL, check_tie_fraction, greedy_step, kl_divergence, teacher_forced};
-use ch08::ch01::{GgmlType, Gguf, GgufFile, TensorInfo};
-use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
+use ch01::{GgmlType, Gguf, GgufFile, TensorInfo};
+use ch03::NoObserver;
+use ch03::matrix::{LoadError, Matrix, MatrixLoader, matrix_dims};
+use ch04::sampling::argmax;
+use ch04::{Batch, Model};
+use ch05::{ContiguousCache, Overflow};
+use ch06::agreement::{MAX_KL, check_tie_fraction, greedy_step, kl_divergence, teacher_forced};
+use ch06::{QMatrix, QuantLoader, requantize};
+use ch08::FastLoader;
 use ch08::fast_matrix::FastMatrix;
 use ch08::kernels::{Isa, KernelSet};
 use ch08::pool::{Parallel, RayonPool, SpinPool};
-use ch08::sampling::argmax;
-use ch08::{
-    Batch, ContiguousCache, FastLoader, Model, NoObserver, Overflow, QMatrix, QuantLoader,
-    requantize,
-};
 use std::collections::HashMap;
 use std::sync::Arc;
 use testkit::refdata::{self, TensorFile};
@@ -134,9 +135,9 @@ fn the_fast_path_matches_llama_cpp() {
                 fast: fast.clone(),
                 types: variant_types(v),
             };
-            Model::load(&file, &requant, &ch08::architectures()).unwrap()
+            Model::load(&file, &requant, &ch04::architectures()).unwrap()
         } else {
-            Model::load(&file, &fast, &ch08::architectures()).unwrap()
+            Model::load(&file, &fast, &ch04::architectures()).unwrap()
         }
         .with_compute(fast.compute());
         let vocab = model.config.vocab_size;
@@ -151,7 +152,7 @@ fn the_fast_path_matches_llama_cpp() {
         eprintln!(
             "{name}: {a}; {}",
             model
-                .blocks_as::<ch08::llama::Llama>()
+                .blocks_as::<ch04::llama::Llama>()
                 .expect("llama blocks")
                 .layers[0]
                 .ffn
@@ -167,7 +168,7 @@ fn the_fast_path_matches_llama_cpp() {
 /// A prompt of 40 tokens: long enough for several tiles of tokens and both quantization
 /// paths of a product (one thread, and tokens spread over threads).
 fn prompt(file: &GgufFile) -> Vec<u32> {
-    let tok = ch08::Tokenizer::from_gguf(&file.gguf).unwrap();
+    let tok = ch02::Tokenizer::from_gguf(&file.gguf).unwrap();
     let ids = tok.encode(
         "The history of the printing press begins in the fifteenth century, when Johannes \
          Gutenberg developed a system of movable metal type in Mainz, and within fifty years",
@@ -182,7 +183,7 @@ fn prompt(file: &GgufFile) -> Vec<u32> {
 fn fast_logits_equal_chapter_6s_for_any_threads() {
     let file = model_file();
     let tokens = prompt(&file);
-    let scalar = Model::load(&file, &QuantLoader, &ch08::architectures()).unwrap();
+    let scalar = Model::load(&file, &QuantLoader, &ch04::architectures()).unwrap();
     let want = scalar.logits_at_every_position(&tokens).unwrap();
     let vocab = scalar.config.vocab_size;
     let pools: Vec<Arc<dyn Parallel>> = vec![
@@ -195,9 +196,9 @@ fn fast_logits_equal_chapter_6s_for_any_threads() {
         // Packed (where the CPU has the micro-kernel's instructions) and the file's rows.
         for pack in [true, false] {
             let fast = loader_packing(kernels, pool.clone(), pack);
-            let model = Model::load(&file, &fast, &ch08::architectures()).unwrap();
+            let model = Model::load(&file, &fast, &ch04::architectures()).unwrap();
             let layout = model
-                .blocks_as::<ch08::llama::Llama>()
+                .blocks_as::<ch04::llama::Llama>()
                 .expect("llama blocks")
                 .layers[0]
                 .attn
@@ -222,7 +223,7 @@ fn simd_compute_matches_the_scalar_reference_on_f32_weights() {
     // quantized, so the difference between the two computes is not hidden behind code flips.
     let file = model_file();
     let tokens = prompt(&file);
-    let scalar = Model::load(&file, &ch08::DenseLoader, &ch08::architectures()).unwrap();
+    let scalar = Model::load(&file, &ch03::DenseLoader, &ch04::architectures()).unwrap();
     let (n_layer, kv_dim, vocab) = (
         scalar.config.n_layer,
         scalar.attention.kv_dim(),
@@ -287,13 +288,13 @@ fn simd_compute_agrees_with_the_reference_at_long_context() {
     // chapter 6 judges a quantized model (the next-token distribution and the greedy choice).
     let file = model_file();
     let fast = loader(KernelSet::detect(), Arc::new(SpinPool::new(2)));
-    let reference = Model::load(&file, &fast, &ch08::architectures()).unwrap();
+    let reference = Model::load(&file, &fast, &ch04::architectures()).unwrap();
     let (n_layer, kv_dim, vocab) = (
         reference.config.n_layer,
         reference.attention.kv_dim(),
         reference.config.vocab_size,
     );
-    let tok = ch08::Tokenizer::from_gguf(&file.gguf).unwrap();
+    let tok = ch02::Tokenizer::from_gguf(&file.gguf).unwrap();
     let text = "The history of the printing press begins in the fifteenth century, when \
                 Johannes Gutenberg developed a system of movable metal type in Mainz. ";
     let mut tokens = tok.encode(&text.repeat(40), true, true);
@@ -353,7 +354,7 @@ fn prefill_and_decode_give_the_same_logits() {
         let model = Model::load(
             &file,
             &loader(kernels, Arc::new(SpinPool::new(2))),
-            &ch08::architectures(),
+            &ch04::architectures(),
         )
         .unwrap();
         let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());

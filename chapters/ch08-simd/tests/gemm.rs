@@ -7,12 +7,13 @@
 //! The k-quant kernels add the same exact integer sums in another order; they are held to a
 //! float-rounding tolerance.
 
-use ch08::ch01::GgmlType;
+use ch01::GgmlType;
+use ch03::Matrix;
+use ch06::{QMatrix, quantize_chunk};
 use ch08::fast_matrix::{FastMatrix, Store};
 use ch08::gemm::{PackedMatrix, PackedType};
 use ch08::kernels::{Isa, KernelSet};
 use ch08::pool::{Parallel, RayonPool, SpinPool};
-use ch08::{Matrix, QMatrix, quantize_chunk};
 use std::sync::Arc;
 
 /// Reordered float sums of the same exact integer block sums: each reordered addition can
@@ -70,7 +71,7 @@ fn kernel_sets() -> Vec<KernelSet> {
 #[test]
 fn packed_types_are_weight_types_and_map_back() {
     for p in PackedType::ALL {
-        assert!(ch08::WEIGHT_TYPES.contains(&p.ggml_type()), "{p:?}");
+        assert!(ch06::WEIGHT_TYPES.contains(&p.ggml_type()), "{p:?}");
         assert_eq!(PackedType::of(p.ggml_type()), Some(p));
     }
 }

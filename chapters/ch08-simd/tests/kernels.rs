@@ -19,12 +19,11 @@
 // ggml's names in test names too: `quantize_row_q8_K`.
 #![allow(non_snake_case)]
 
-use ch08::ch01::GgmlType;
-use ch08::kernels::{
-    DotKernel, Isa, KERNELS_ENV, KernelSet, TypeKernels, WEIGHT_TYPES, dot_kernels,
-};
-use ch08::quants::blocks::*;
-use ch08::quants::type_traits;
+use ch01::GgmlType;
+use ch06::quants::WEIGHT_TYPES;
+use ch06::quants::blocks::*;
+use ch06::quants::type_traits;
+use ch08::kernels::{DotKernel, Isa, KERNELS_ENV, KernelSet, TypeKernels, dot_kernels};
 use half::f16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};

@@ -6,8 +6,8 @@
 //! none at all the error lists every adapter wgpu saw, so that "no GPU" can be told apart
 //! from "a GPU wgpu would not use".
 
-use ch08::ch03::LoadError;
-use ch08::{ForwardError, StepError};
+use ch03::LoadError;
+use ch04::{ForwardError, StepError};
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -13,7 +13,7 @@
 
 use crate::device::{Gpu, GpuError, View};
 use crate::weights::{GpuMatrix, supported_types, type_source};
-use ch08::ch01::GgmlType;
+use ch01::GgmlType;
 use wgpu::util::DeviceExt;
 
 const STEP: &str = include_str!("shaders/step.wgsl");

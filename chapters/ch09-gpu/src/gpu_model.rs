@@ -15,12 +15,13 @@
 use crate::device::{Gpu, GpuError, Readback, View};
 use crate::gpu_kernels::{Count, Op, OpBuilder, Step};
 use crate::weights::GpuMatrix;
-use ch08::ch01::GgufFile;
-use ch08::ch03::matrix::load_vector;
-use ch08::llama::{self, check_all_used};
-use ch08::{
-    Attention, Config, ForwardError, KvError, RopeStyle, RopeTable, Session, check_context,
-};
+use ch01::Config;
+use ch01::GgufFile;
+use ch01::config::RopeStyle;
+use ch03::matrix::load_vector;
+use ch03::{Attention, KvError, RopeTable};
+use ch04::llama::{self, check_all_used};
+use ch04::{ForwardError, Session, check_context};
 use std::sync::Arc;
 
 /// How much a [`GpuModel`] holds.

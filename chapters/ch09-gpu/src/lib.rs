@@ -33,6 +33,3 @@ pub use device::{Gpu, GpuError, Readback, View};
 pub use gpu_kernels::{Count, Grid, Kernel, Op, OpBuilder, Step};
 pub use gpu_model::{GpuModel, GpuOptions, Pool};
 pub use weights::GpuMatrix;
-
-/// Everything earlier chapters offer, so `ch09` reads as "the engine as of chapter 9".
-pub use ch08::{self, *};

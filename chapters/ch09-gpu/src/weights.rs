@@ -6,8 +6,8 @@
 //! error that names the tensor and its type.
 
 use crate::device::{Gpu, GpuError, View};
-use ch08::ch01::{GgmlType, GgufFile};
-use ch08::ch03::matrix::matrix_bytes;
+use ch01::{GgmlType, GgufFile};
+use ch03::matrix::matrix_bytes;
 
 /// The weight types the GPU reads, each with its `dequant8`: the WGSL that reads one block of
 /// the type (the kernels that take weights are compiled once per type, with it).

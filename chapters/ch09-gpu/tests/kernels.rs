@@ -15,15 +15,15 @@
 
 mod common;
 
-use ch09::ch01::GgmlType;
-use ch09::ch03::matrix::matmul;
-use ch09::ch04::compute::rms_norm;
+use ch01::GgmlType;
+use ch01::config::RopeStyle;
+use ch03::matrix::matmul;
+use ch03::{Attention, AttentionOps, KvStore, RopeTable, Scalar, TokenPos, VecKv};
+use ch04::Compute;
+use ch04::compute::rms_norm;
+use ch06::quants::type_traits;
 use ch09::gpu_model::rope_cos_sin;
-use ch09::quants::type_traits;
-use ch09::{
-    Attention, AttentionOps, Compute, Count, Gpu, GpuError, GpuMatrix, GpuModel, Kernel, KvStore,
-    OpBuilder, RopeStyle, RopeTable, Scalar, Step, TokenPos, VecKv, View,
-};
+use ch09::{Count, Gpu, GpuError, GpuMatrix, GpuModel, Kernel, OpBuilder, Step, View};
 use testkit::{Tolerance, assert_close};
 
 /// Products of up to 768 terms of size ≤ 1 in f32, summed in another order (a tree of partial
@@ -306,7 +306,7 @@ fn swiglu_and_add_match_chapter_4() {
         ];
         b.run(&ops, &step(n, 0));
         let mut want_gate = gate.clone();
-        Scalar.glu(ch09::Activation::Silu, &mut want_gate, &up);
+        Scalar.glu(ch04::Activation::Silu, &mut want_gate, &up);
         let mut want_up = up.clone();
         Scalar.add(&mut want_up, &want_gate);
         let got_gate = gpu.read_f32(&gg).unwrap();
@@ -443,8 +443,8 @@ fn no_adapter_is_a_clear_error() {
 /// uploaded, naming the tensor: running without them would compute another model.
 #[test]
 fn a_file_with_biases_is_refused_naming_the_tensor() {
-    use ch09::ch01::{GgufFile, Value};
-    use ch09::ch06::gguf_write::GgufWriter;
+    use ch01::{GgufFile, Value};
+    use ch06::gguf_write::GgufWriter;
     let src = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in &src.gguf.metadata {

@@ -17,10 +17,11 @@
 
 mod common;
 
-use ch09::agreement::{GreedyStep, check_tie_fraction, greedy_step, teacher_forced};
-use ch09::{
-    GenParams, GgufFile, GpuModel, GpuOptions, SamplerParams, Session, Tokenizer, generate,
-};
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch04::{GenParams, SamplerParams, Session, generate};
+use ch06::agreement::{GreedyStep, check_tie_fraction, greedy_step, teacher_forced};
+use ch09::{GpuModel, GpuOptions};
 use std::sync::{Mutex, OnceLock};
 use testkit::HIDDEN_TOL;
 use testkit::refdata::{self, TensorFile};

@@ -7,7 +7,8 @@
 //!
 //! Prints a markdown table (and writes it to OUT.md if given). Times are medians.
 
-use ch10::ch08::{FastLoader, Matrix, PoolKind, new_pool};
+use ch03::Matrix;
+use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::{AlignedBuf, MapOptions, ViewLoader, map_gguf};
 use std::time::Instant;
 

@@ -2,5 +2,5 @@
 //! [--model PATH] [PROMPT]`, or `--chat` for a conversation. `--help` lists the flags.
 
 fn main() {
-    flags::engine::main(ch10::architectures());
+    flags::engine::main(ch04::architectures());
 }

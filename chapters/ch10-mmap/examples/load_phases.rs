@@ -4,8 +4,10 @@
 //!
 //! cargo run --release -p ch10 --example load_phases [-- PATH] [--markdown]
 
-use ch10::ch08::ch01::GgufFile;
-use ch10::ch08::{ChatTemplate, FastLoader, Model, PoolKind, Tokenizer, new_pool};
+use ch01::GgufFile;
+use ch02::{ChatTemplate, Tokenizer};
+use ch04::Model;
+use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::{MapOptions, SharedBytes, ViewLoader, map_gguf, read_gguf};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -55,7 +57,7 @@ fn rest<O: AsRef<[u8]> + ch10::ReleasePages + Send + Sync + 'static>(
     ChatTemplate::from_gguf(&file.gguf)?;
     let template = ms(t);
     let t = Instant::now();
-    Model::load(file, &ViewLoader::new(bytes, fast), &ch10::architectures())?;
+    Model::load(file, &ViewLoader::new(bytes, fast), &ch04::architectures())?;
     Ok([tokenizer, template, ms(t)])
 }
 

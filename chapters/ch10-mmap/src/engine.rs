@@ -8,12 +8,13 @@ use crate::mapped::{
     AlignedBuf, MapOptions, MappedBytes, MappedFile, PageAdvice, ReleasePages, SharedBytes,
     held_gguf, map_gguf,
 };
-use ch08::cli::{self, Args, ContextFull, Runner};
-use ch08::{
-    Architectures, CacheTypes, ChatTemplate, FastLoader, Finished, ForwardError, GenParams,
-    Generation, Gguf, GgufFile, Model, PoolKind, Request, RequestId, Scheduler, SchedulerConfig,
-    SchedulerError, Sink, StopReason, Tokenizer, new_pool,
-};
+use ch01::{Gguf, GgufFile};
+use ch02::{ChatTemplate, Tokenizer};
+use ch04::cli::{self, Args, ContextFull, Runner};
+use ch04::{Architectures, ForwardError, GenParams, Generation, Model, StopReason};
+use ch05::CacheTypes;
+use ch07::{Finished, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink};
+use ch08::{FastLoader, PoolKind, new_pool};
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -161,7 +162,7 @@ impl EngineArgs {
             mlock: false,
             no_repack: false,
             gpu: false,
-            archs: ch08::architectures(),
+            archs: ch04::architectures(),
             cache: CacheTypes::F32,
             files: Arc::new(GgufFiles),
         }
@@ -715,7 +716,7 @@ fn run_gpu_on<B: AsRef<[u8]>>(
     )
 }
 
-/// Chapter 4's `generate` over chapter 9's GPU model, a [`Session`](ch08::Session) whose KV
+/// Chapter 4's `generate` over chapter 9's GPU model, a [`Session`](ch04::Session) whose KV
 /// cache is in GPU memory.
 #[cfg(feature = "gpu")]
 struct GpuRunner<'t> {
@@ -740,7 +741,7 @@ impl Runner for GpuRunner<'_> {
             .into());
         }
         self.model.reset();
-        Ok(ch08::generate(
+        Ok(ch04::generate(
             &mut self.model,
             self.tokenizer,
             prompt,

@@ -48,6 +48,3 @@ pub use mapped::{
     AlignedBuf, FileChanged, MapOptions, MappedBytes, MappedFile, OpenError, PageAdvice, ReadBytes,
     ReleasePages, SharedBytes, held_gguf, map_gguf, read_gguf,
 };
-
-/// Everything earlier chapters offer, so `ch10` reads as "the engine as of chapter 10".
-pub use ch08::{self, *};

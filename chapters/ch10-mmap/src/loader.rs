@@ -20,11 +20,11 @@
 //! both ways.
 
 use crate::mapped::{AlignedBuf, MappedFile, ReleasePages, SharedBytes};
+use ch01::{GgmlType, Gguf, TensorInfo};
+use ch03::matrix::{LoadError, Matrix, MatrixLoader};
+use ch06::quants::*;
 use ch08::FastLoader;
-use ch08::ch01::{GgmlType, Gguf, TensorInfo};
-use ch08::ch03::matrix::{LoadError, Matrix, MatrixLoader};
 use ch08::fast_matrix::Store;
-use ch08::quants::*;
 use std::cell::RefCell;
 use std::mem::align_of;
 

@@ -46,9 +46,9 @@
 //! every tensor's extent against the length of the map before anything is loaded, so a
 //! truncated download is an error naming the file and the byte offset, not a `SIGBUS`.
 //!
-//! [`Gguf::parse`]: ch08::Gguf::parse
+//! [`Gguf::parse`]: ch01::Gguf::parse
 
-use ch08::ch01::{GgufError, GgufFile};
+use ch01::{GgufError, GgufFile};
 use memmap2::{Advice, Mmap, MmapOptions};
 use std::fmt;
 use std::fs::File;

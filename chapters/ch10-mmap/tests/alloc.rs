@@ -2,8 +2,11 @@
 //! chapter 8's kernels and `SimdCompute`, on the paged KV cache chapter 7's scheduler runs.
 //! (`shared`'s counting allocator counts every thread; this file holds one test.)
 
-use ch10::pool::SpinPool;
-use ch10::{Batch, BatchModel, Engine, LoadMode, MapOptions, PagedCache, Scratch};
+use ch04::{Batch, Scratch};
+use ch05::PagedCache;
+use ch07::BatchModel;
+use ch08::pool::SpinPool;
+use ch10::{Engine, LoadMode, MapOptions};
 use std::sync::Arc;
 use testkit::alloc::allocations;
 
@@ -13,12 +16,12 @@ static GLOBAL: testkit::alloc::Counting = testkit::alloc::Counting;
 #[test]
 fn a_decode_step_of_the_finished_engine_allocates_nothing() {
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let fast = ch10::FastLoader::new(Arc::new(SpinPool::new(2)));
+    let fast = ch08::FastLoader::new(Arc::new(SpinPool::new(2)));
     let e = Engine::load(
         &path,
         LoadMode::Map(MapOptions::default()),
         fast,
-        &ch10::architectures(),
+        &ch04::architectures(),
     )
     .unwrap();
     let c = &e.model.config;

@@ -2,11 +2,10 @@
 //! crash: parsing checks every tensor against the length of the map before any tensor page is
 //! touched, so a truncated file cannot raise SIGBUS (the test process would die if it did).
 
-use ch10::ch08::ch01::{Gguf, GgufFile};
+use ch01::{Gguf, GgufFile};
+use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::engine::{Engine, LoadMode};
-use ch10::{
-    FastLoader, MapOptions, OpenError, PoolKind, ViewLoader, map_gguf, new_pool, read_gguf,
-};
+use ch10::{MapOptions, OpenError, ViewLoader, map_gguf, read_gguf};
 use std::fs::{File, OpenOptions};
 use std::path::Path;
 
@@ -106,7 +105,7 @@ fn a_truncated_model_is_an_error_naming_file_and_offset() {
             &path,
             LoadMode::Map(MapOptions::default()),
             fast(),
-            &ch10::architectures(),
+            &ch04::architectures(),
         )
         .err()
         .expect("a truncated model loaded");
@@ -160,7 +159,7 @@ fn a_loader_rejects_bytes_from_another_file() {
     let (_, bytes) = map_gguf(&model, &MapOptions::default()).unwrap();
     let loader = ViewLoader::new(bytes, fast());
     let other = GgufFile::open(&model).unwrap();
-    let e = ch10::Model::load(&other, &loader, &ch10::architectures())
+    let e = ch04::Model::load(&other, &loader, &ch04::architectures())
         .err()
         .expect("a loader took another file's bytes");
     assert!(e.to_string().contains("not this loader's file"), "{e}");

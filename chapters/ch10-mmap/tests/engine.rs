@@ -4,10 +4,14 @@
 //! mapped without repacking (`--no-repack`), on the paged KV cache the scheduler runs; and the
 //! engine's compute on the F32 copy of the model against llama.cpp's greedy continuations.
 
-use ch10::agreement::{check_tie_fraction, teacher_forced};
-use ch10::pool::SpinPool;
-use ch10::sampling::argmax;
-use ch10::{Batch, BatchModel, Engine, FastLoader, LoadMode, MapOptions, PagedCache, Scratch};
+use ch04::sampling::argmax;
+use ch04::{Batch, Scratch};
+use ch05::PagedCache;
+use ch06::agreement::{check_tie_fraction, teacher_forced};
+use ch07::BatchModel;
+use ch08::FastLoader;
+use ch08::pool::SpinPool;
+use ch10::{Engine, LoadMode, MapOptions};
 use std::sync::Arc;
 use testkit::refdata::{self, TensorFile};
 
@@ -23,7 +27,7 @@ fn ids(x: &serde_json::Value) -> Vec<u32> {
 /// paged cache: teacher forcing in one pass.
 fn all_logits(mode: LoadMode, fast: FastLoader, all: &[u32]) -> Vec<f32> {
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let e = Engine::load(&path, mode, fast, &ch10::architectures()).unwrap();
+    let e = Engine::load(&path, mode, fast, &ch04::architectures()).unwrap();
     let c = &e.model.config;
     let block = ch10::engine::BLOCK_SIZE;
     let mut kv = PagedCache::new(
@@ -101,9 +105,9 @@ fn the_engine_continues_the_f32_copy_as_llama_cpp_does() {
     // chapter 8's bound of 2e-4 — far less than any lead of the top token in these
     // continuations (the smallest is printed).
     let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
-    let file = ch10::GgufFile::open(&path).unwrap();
+    let file = ch01::GgufFile::open(&path).unwrap();
     let fast = FastLoader::new(Arc::new(SpinPool::new(2)));
-    let model = ch10::Model::load(&file, &ch10::DenseLoader, &ch10::architectures())
+    let model = ch04::Model::load(&file, &ch03::DenseLoader, &ch04::architectures())
         .unwrap()
         .with_compute(fast.compute());
     let (mut steps, mut smallest_lead) = (0, f32::INFINITY);

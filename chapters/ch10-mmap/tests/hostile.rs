@@ -5,10 +5,10 @@
 //! Every hostile file is the default model cut to its first [`LAYERS`] layers (a valid, smaller
 //! model that runs) with one thing changed: a metadata value, a weight, the header.
 
-use ch10::ch08::ch01::config::{Config, ConfigError};
-use ch10::ch08::ch01::gguf::ValueType;
-use ch10::ch08::ch01::{GgmlType, GgufFile, TensorInfo, Value};
-use ch10::ch08::gguf_write::GgufWriter;
+use ch01::config::{Config, ConfigError};
+use ch01::gguf::ValueType;
+use ch01::{GgmlType, GgufFile, TensorInfo, Value};
+use ch06::gguf_write::GgufWriter;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -59,7 +59,7 @@ fn variant(
     w.write_file(&path, |t| {
         let mut bytes = src.tensor_bytes(&t.name)?.to_vec();
         patch(t, &mut bytes);
-        Ok::<_, ch10::ch08::ch01::GgufError>(bytes)
+        Ok::<_, ch01::GgufError>(bytes)
     })
     .unwrap();
     path

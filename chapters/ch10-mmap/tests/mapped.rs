@@ -3,14 +3,14 @@
 //! a model loaded through the map computes exactly the logits and the greedy tokens of one
 //! read into memory, through the same matrix type.
 
-use ch10::ch08::ch01::{GgufFile, Value};
-use ch10::ch08::gguf_write::GgufWriter;
-use ch10::ch08::kernels::KernelSet;
-use ch10::ch08::sampling::argmax;
-use ch10::{
-    Cached, FastLoader, MapOptions, Model, PageAdvice, PoolKind, Session, ViewLoader, map_gguf,
-    new_pool, read_gguf,
-};
+use ch01::{GgufFile, Value};
+use ch04::sampling::argmax;
+use ch04::{Model, Session};
+use ch05::Cached;
+use ch06::gguf_write::GgufWriter;
+use ch08::kernels::KernelSet;
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::{MapOptions, PageAdvice, ViewLoader, map_gguf, read_gguf};
 use std::path::PathBuf;
 use testkit::refdata;
 
@@ -93,7 +93,7 @@ fn mapped_read_and_copied_models_compute_the_same_bits() {
             // Chapter 8's way: chapter 1 reads the file into a Vec, each tensor is copied out.
             let file = GgufFile::open(&path).unwrap();
             greedy(
-                &Model::load(&file, &fast(), &ch10::architectures()).unwrap(),
+                &Model::load(&file, &fast(), &ch04::architectures()).unwrap(),
                 &prompt,
             )
         });
@@ -101,7 +101,7 @@ fn mapped_read_and_copied_models_compute_the_same_bits() {
             let (file, bytes) = read_gguf(&path).unwrap();
             let loader = ViewLoader::new(bytes, fast());
             greedy(
-                &Model::load(&file, &loader, &ch10::architectures()).unwrap(),
+                &Model::load(&file, &loader, &ch04::architectures()).unwrap(),
                 &prompt,
             )
         });
@@ -112,7 +112,7 @@ fn mapped_read_and_copied_models_compute_the_same_bits() {
         let (file, bytes) = map_gguf(&path, &opts).unwrap();
         let loader = ViewLoader::new(bytes, fast());
         let mapped = greedy(
-            &Model::load(&file, &loader, &ch10::architectures()).unwrap(),
+            &Model::load(&file, &loader, &ch04::architectures()).unwrap(),
             &prompt,
         );
         (copied.join().unwrap(), read.join().unwrap(), mapped)
@@ -139,7 +139,7 @@ fn the_mapped_model_continues_as_llama_cpp_does() {
     let model = Model::load(
         &file,
         &ViewLoader::new(bytes, scalar),
-        &ch10::architectures(),
+        &ch04::architectures(),
     )
     .unwrap();
     let (ids, _) = greedy(&model, &prompt);
@@ -178,7 +178,7 @@ fn misaligned_tensors_are_copied_once_and_compute_the_same() {
     let (file, bytes) = map_gguf(&odd, &MapOptions::default()).unwrap();
     let loader = ViewLoader::new(bytes, fast());
     assert_eq!(file.gguf.data_offset % 2, 1);
-    let model = Model::load(&file, &loader, &ch10::architectures()).unwrap();
+    let model = Model::load(&file, &loader, &ch04::architectures()).unwrap();
     let copied = loader.copied();
     let matrices = src
         .gguf
@@ -194,7 +194,7 @@ fn misaligned_tensors_are_copied_once_and_compute_the_same() {
 
     let (aligned_file, bytes) = map_gguf(&path, &MapOptions::default()).unwrap();
     let aligned_loader = ViewLoader::new(bytes, fast());
-    let aligned = Model::load(&aligned_file, &aligned_loader, &ch10::architectures()).unwrap();
+    let aligned = Model::load(&aligned_file, &aligned_loader, &ch04::architectures()).unwrap();
     let (prompt, _) = reference();
     let a = Cached::contiguous(&model, Some(16))
         .next_logits(&prompt, prompt.len())

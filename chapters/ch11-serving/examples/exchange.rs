@@ -51,7 +51,7 @@ struct Exchange {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let cli = Exchange::parse();
-    let mut args = cli.server.args(ch11::architectures());
+    let mut args = cli.server.args(ch04::architectures());
     (args.host, args.port) = ("127.0.0.1".into(), 0);
     args.check()?;
     let state = ch11::AppState::new(args.limits());

@@ -2,5 +2,5 @@
 //! [--port 8080] [--parallel N]`. `--help` lists the flags.
 
 fn main() {
-    flags::server::main(ch11::architectures());
+    flags::server::main(ch04::architectures());
 }

@@ -11,7 +11,9 @@
 //! at a value that asks for nothing ([`UNSUPPORTED`]), and an unknown one is refused as
 //! OpenAI's API refuses it.
 
-use ch10::{GenParams, IgnoreEos, MakeRule, Message, Proposer, SamplerParams, StopReason};
+use ch02::Message;
+use ch04::{GenParams, IgnoreEos, MakeRule, SamplerParams, StopReason};
+use ch07::Proposer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
@@ -243,7 +245,7 @@ pub trait Formats: Send + Sync + std::fmt::Debug {
 
     /// Get ready for the model's vocabulary, once, when the server loads it (before any request
     /// waits for it). Plain text needs nothing.
-    fn prepare(&self, _tokenizer: &ch10::Tokenizer) {}
+    fn prepare(&self, _tokenizer: &ch02::Tokenizer) {}
 }
 
 /// Plain text only: `response_format` `{"type": "text"}` (what clients send by default), no

@@ -22,16 +22,17 @@ pub mod server;
 pub mod worker;
 
 pub use api::{Cancel, Formats, Guessing, NoGuessing, TextOnly};
+use ch04::cli;
+use ch07::SchedulerConfig;
+use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::engine::BLOCK_SIZE;
+use ch10::{Engine, LoadMode, MapOptions};
 pub use server::{AppState, Limits, Loaded, Tenant};
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 pub use worker::{PoolStatus, Worker};
-
-/// Everything earlier chapters offer, so `ch11` reads as "the engine as of chapter 11".
-pub use ch10::{self, *};
 
 /// The server's default `--batch-tokens` (see there).
 pub const SERVE_BATCH_TOKENS: usize = 64;
@@ -71,10 +72,10 @@ pub struct ServeArgs {
     /// Keep every weight a view of the mapped file (no repacking for chapter 8's micro-kernel).
     pub no_repack: bool,
     /// What the shared KV cache keeps keys and values in (`--cache-type-k`, `--cache-type-v`).
-    pub cache: ch10::CacheTypes,
+    pub cache: ch05::CacheTypes,
     /// The architectures the server loads: chapter 4's, unless a later chapter hands in a
     /// bigger set.
-    pub archs: ch10::Architectures,
+    pub archs: ch04::Architectures,
     /// How the model path becomes a GGUF image: chapter 10's GGUF files, unless a later
     /// chapter hands in more formats.
     pub files: Arc<dyn ch10::ModelFiles>,
@@ -102,12 +103,12 @@ impl Default for ServeArgs {
             ctx: None,
             kv_size: None,
             batch_tokens: SERVE_BATCH_TOKENS,
-            threads: ch10::cli::default_threads(),
+            threads: ch04::cli::default_threads(),
             timeout: 600,
             body_limit: 8 << 20,
             no_repack: false,
-            cache: ch10::CacheTypes::F32,
-            archs: ch10::architectures(),
+            cache: ch05::CacheTypes::F32,
+            archs: ch04::architectures(),
             files: Arc::new(ch10::GgufFiles),
             formats: Arc::new(TextOnly),
             guessing: Arc::new(NoGuessing),

@@ -21,7 +21,10 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ch10::{Engine, GenParams, Message, Proposer};
+use ch02::Message;
+use ch04::GenParams;
+use ch07::Proposer;
+use ch10::Engine;
 use futures_util::stream::{self, Stream};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -79,8 +82,8 @@ pub struct Loaded {
 /// says, so it is refused before it is tokenized. Sound where tokenizing keeps every byte of
 /// the text in some token (SentencePiece and BPE); WordPiece and Unigram normalize text
 /// (accents dropped, runs of spaces collapsed), and get `None`.
-pub fn max_text_bytes(tokenizer: &ch10::Tokenizer, n_ctx: usize) -> Option<usize> {
-    use ch10::ch02::VocabKind;
+pub fn max_text_bytes(tokenizer: &ch02::Tokenizer, n_ctx: usize) -> Option<usize> {
+    use ch02::VocabKind;
     if !matches!(tokenizer.vocab().kind, VocabKind::Spm | VocabKind::Bpe(_)) {
         return None;
     }
@@ -540,7 +543,7 @@ impl Place {
         body: Bytes,
         sampling: &Sampling,
         deadline: Instant,
-    ) -> Result<Option<Arc<dyn ch10::MakeRule>>, ApiError> {
+    ) -> Result<Option<Arc<dyn ch04::MakeRule>>, ApiError> {
         #[derive(serde::Deserialize)]
         struct Format<'a> {
             #[serde(borrow, default)]

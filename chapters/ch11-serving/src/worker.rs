@@ -15,10 +15,9 @@
 //! drains. A panic inside a step is caught: the requests in that step fail, and a fresh
 //! scheduler takes the next ones.
 
-use ch10::{
-    Engine, GenParams, Proposer, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport,
-    StopReason,
-};
+use ch04::{GenParams, StopReason};
+use ch07::{Proposer, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport};
+use ch10::Engine;
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -442,7 +441,7 @@ fn engine_loop(
 }
 // ANCHOR_END: step
 
-fn pool_status(s: &Scheduler<'_, ch10::Model>) -> PoolStatus {
+fn pool_status(s: &Scheduler<'_, ch04::Model>) -> PoolStatus {
     let kv = s.kv();
     let mut held = HashSet::new();
     for (_, slot) in s.running_slots() {

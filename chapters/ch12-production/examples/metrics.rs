@@ -48,18 +48,18 @@ fn main() -> Result<(), Box<dyn Error>> {
         std::env::args_os().collect(),
         "config",
     )?;
-    let mut args = production.args(ch12::architectures());
+    let mut args = production.args(ch04::architectures());
     (args.serve.host, args.serve.port) = ("127.0.0.1".into(), 0);
     args.check()?;
     let app: Arc<App> = Arc::new(args.app()?);
     for v in &app.variants {
-        let loaded = ch12::ch11::load_observed(&v.args, app.observer(v.name))?;
+        let loaded = ch11::load_observed(&v.args, app.observer(v.name))?;
         if v.state.loaded.set(loaded).is_err() {
             unreachable!("loaded once");
         }
     }
     // The server on its own runtime's threads; the client, blocking, on this one.
-    let runtime = ch12::ch11::runtime()?;
+    let runtime = ch11::runtime()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

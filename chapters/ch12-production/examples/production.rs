@@ -2,5 +2,5 @@
 //! [--config FILE] [--port 8080] …`. `--help` lists the flags and their environment variables.
 
 fn main() {
-    flags::production::main(ch12::architectures());
+    flags::production::main(ch04::architectures());
 }

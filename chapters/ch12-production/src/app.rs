@@ -27,11 +27,13 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use ch04::MakeRule;
+use ch07::StepReport;
 use ch11::api::ApiError;
 use ch11::server::{RequestLabel, finish, model_card};
 use ch11::worker::{Observer, Outcome, PoolStatus};
-use ch11::{AppState, ServeArgs, StepReport};
-use ch11::{Cancel, Formats, MakeRule};
+use ch11::{AppState, ServeArgs};
+use ch11::{Cancel, Formats};
 use http_body_util::BodyExt;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -118,7 +120,7 @@ impl Formats for Stalling {
         Err(ApiError::invalid("grammar", "injected fault: given up"))
     }
 
-    fn prepare(&self, tokenizer: &ch11::Tokenizer) {
+    fn prepare(&self, tokenizer: &ch02::Tokenizer) {
         self.0.prepare(tokenizer);
     }
 }

@@ -34,13 +34,11 @@ pub mod metrics;
 pub mod serve;
 
 use app::App;
+use ch11::ServeArgs;
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Everything earlier chapters offer, so `ch12` reads as "the engine as of chapter 12".
-pub use ch11::{self, *};
 
 /// The exit status when an engine thread has died: not 0, so that an orchestrator restarts
 /// the server; 70 is `EX_SOFTWARE` of sysexits.h, "an internal software error".

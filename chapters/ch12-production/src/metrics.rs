@@ -12,8 +12,9 @@
 //! Names follow Prometheus's conventions: a `llmrs_` prefix, base units (`_seconds`), `_total`
 //! on counters. Every series has a `variant` label, `a` or `b` (see [`crate::app`]).
 
+use ch07::StepReport;
+use ch11::AppState;
 use ch11::worker::{Observer, Outcome, PoolStatus};
-use ch11::{AppState, StepReport};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,

@@ -17,12 +17,12 @@
 //! chapter 3's steps with the norms between two of them, and the feed-forward network is chapter
 //! 4's with GELU as its gate.
 
-use ch12::ch03::matrix::{load_matrix, load_vector};
-use ch12::ch04::layer::FeedForward;
-use ch12::{
-    Activation, Architecture, Attention, AttentionWeights, Batch, Blocks, Compute, Config, Ctx,
-    GgufFile, KvDyn, LoadError, MatrixLoader, Observer, RopeStyle, RopeTable, Scratch,
-};
+use ch01::config::RopeStyle;
+use ch01::{Config, GgufFile};
+use ch03::matrix::{load_matrix, load_vector};
+use ch03::{Attention, AttentionWeights, KvDyn, LoadError, MatrixLoader, Observer, RopeTable};
+use ch04::layer::FeedForward;
+use ch04::{Activation, Architecture, Batch, Blocks, Compute, Ctx, Scratch};
 
 /// The architecture name in `general.architecture`.
 pub const ARCH: &str = "gemma3";
@@ -56,7 +56,7 @@ pub const CHAT_TEMPLATE: &str = "{%- set ns = namespace(system='') -%}\
 {%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
 // ANCHOR_END: template
 
-/// Gemma 3 in a set of [`Architectures`](crate::Architectures).
+/// Gemma 3 in a set of [`Architectures`](ch04::Architectures).
 pub const ARCHITECTURE: Architecture = Architecture {
     name: ARCH,
     load,
@@ -183,7 +183,7 @@ fn local_attention(
 
 // ANCHOR: load
 /// Read a Gemma 3 file's configuration and build its blocks, their matrices made by `loader`;
-/// chapter 4's [`Model::load`](crate::Model::load) loads the frame around them.
+/// chapter 4's [`Model::load`](ch04::Model::load) loads the frame around them.
 pub fn load(
     file: &GgufFile<&[u8]>,
     loader: &dyn MatrixLoader,
@@ -368,10 +368,10 @@ impl Blocks for Gemma3 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ch12::ch01::Value;
-    use ch12::ch01::gguf::ValueType;
-    use ch12::ch06::gguf_write::GgufWriter;
-    use ch12::{ChatTemplate, Message};
+    use ch01::Value;
+    use ch01::gguf::ValueType;
+    use ch02::{ChatTemplate, Message};
+    use ch06::gguf_write::GgufWriter;
 
     /// `swa_layers` of a file whose only metadata is `pattern`, if any, as
     /// `gemma3.attention.sliding_window_pattern`.

@@ -13,7 +13,7 @@
 //! - [`qwen2`]: Qwen2, which runs llama's blocks: its Q/K/V biases and its RoPE style are
 //!   data (chapter 3's optional biases, the configuration's style), so only a loader is new.
 //! - Llama-family variants need no family at all: Llama 3's RoPE frequency factors and YaRN
-//!   scaling are chapter 3's [`RopeScale`](crate::ch03::RopeScale), read from the file.
+//!   scaling are chapter 3's [`RopeScale`](ch03::RopeScale), read from the file.
 //! - [`synthetic`]: models built from a recipe (real metadata and vocabulary, seeded weights),
 //!   for checking those variants against llama.cpp without a real model of each.
 //! - [`architectures()`]: chapter 12's set (llama) with Gemma 3 and Qwen2 added.
@@ -21,17 +21,15 @@
 //! The finished engine, the workspace's `llm-rs` binary (`run`, `chat`, `serve`, `inspect`), is
 //! chapter 10's engine and chapter 12's server given this chapter's set.
 
+use ch04::Architectures;
 pub mod gemma3;
 pub mod qwen2;
 pub mod synthetic;
 
-/// Everything earlier chapters offer, so `ch13` reads as "the engine as of chapter 13".
-pub use ch12::{self, *};
-
 // ANCHOR: architectures
 /// Every architecture the tower knows: the earlier chapters' (llama) with this chapter's.
 pub fn architectures() -> Architectures {
-    ch12::architectures()
+    ch04::architectures()
         .with(gemma3::ARCHITECTURE)
         .with(qwen2::ARCHITECTURE)
 }

@@ -9,8 +9,8 @@
 //! compared. The vocabulary is a real one: every `tokenizer.*` key of the vocabulary file the
 //! recipe names is copied.
 
-use crate::ch01::{GgmlType, Gguf, Value};
-use crate::ch06::gguf_write::GgufWriter;
+use ch01::{GgmlType, Gguf, Value};
+use ch06::gguf_write::GgufWriter;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 

@@ -111,8 +111,8 @@ fn run_and_chat_generate_with_the_default_model() {
 #[test]
 fn an_architecture_outside_the_set_is_refused_by_name() {
     // Chapter 12's set (chapter 4's: llama) does not run Gemma 3; this chapter's does.
-    let file = ch13::GgufFile::open(shared::ensure_cached(&shared::GEMMA3_MODEL).unwrap()).unwrap();
-    let err = ch13::Model::load(&file, &ch13::QuantLoader, &ch13::ch12::architectures())
+    let file = ch01::GgufFile::open(shared::ensure_cached(&shared::GEMMA3_MODEL).unwrap()).unwrap();
+    let err = ch04::Model::load(&file, &ch06::QuantLoader, &ch04::architectures())
         .err()
         .expect("chapter 12's set has no gemma3");
     assert_eq!(

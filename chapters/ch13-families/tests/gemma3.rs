@@ -8,11 +8,16 @@
 //!   distribution after each prompt, and llama.cpp's greedy continuation teacher-forced, with
 //!   chapter 6's quantized-model check.
 
-use ch13::ch01::TensorInfo;
-use ch13::ch03::{DenseMatrix, Gguf, LoadError, Matrix, MatrixLoader};
-use ch13::ch06::agreement::{Margins, check_tie_fraction, teacher_forced_with};
-use ch13::sampling::argmax;
-use ch13::{Batch, FastLoader, GgufFile, Model, PoolKind, QuantLoader, Recorder, new_pool};
+use ch01::Gguf;
+use ch01::GgufFile;
+use ch01::TensorInfo;
+use ch03::Recorder;
+use ch03::{DenseMatrix, LoadError, Matrix, MatrixLoader};
+use ch04::sampling::argmax;
+use ch04::{Batch, Model};
+use ch06::QuantLoader;
+use ch06::agreement::{Margins, check_tie_fraction, teacher_forced_with};
+use ch08::{FastLoader, PoolKind, new_pool};
 use std::sync::OnceLock;
 use testkit::refdata::{self, TensorFile};
 use testkit::{Tolerance, assert_close};
@@ -208,13 +213,13 @@ fn teacher_forced_on(model: &Model, ids: &[u32], continuation: &[u32]) -> Vec<f3
         *flag = i + 1 >= ids.len();
     }
     model
-        .forward(&batch, &mut model.new_kv(), &mut ch13::NoObserver)
+        .forward(&batch, &mut model.new_kv(), &mut ch03::NoObserver)
         .unwrap()
 }
 
 /// Chapter 6's teacher-forced check of prompt `id` with Gemma's margins: our logits `ours`
 /// after the prompt and each token of llama.cpp's `continuation` against llama.cpp's.
-fn agreement(id: &str, ours: &[f32], continuation: &[u32]) -> ch13::ch06::agreement::Agreement {
+fn agreement(id: &str, ours: &[f32], continuation: &[u32]) -> ch06::agreement::Agreement {
     let vocab = fast_model().config.vocab_size;
     let refs = TensorFile::open(&format!("gemma3/{id}.quant.safetensors"))
         .unwrap_or_else(|e| panic!("{e}"));

@@ -105,8 +105,8 @@ fn the_server_runs_gemma_as_llama_cpp_does() {
     }
 
     let (prompt, want) = reference();
-    let file = ch13::GgufFile::open(&model).unwrap();
-    let tokenizer = ch13::Tokenizer::from_gguf(&file.gguf).unwrap();
+    let file = ch01::GgufFile::open(&model).unwrap();
+    let tokenizer = ch02::Tokenizer::from_gguf(&file.gguf).unwrap();
     let r: Value = client
         .post(format!("{base}/v1/completions"))
         .json(&json!({"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0}))

@@ -5,11 +5,13 @@
 //! family, a real vocabulary, seeded F32 weights whose sha256 must match the pipeline's — so
 //! llama.cpp and we run identical weights, and the checks are the F32 path's.
 
-use ch13::ch06::agreement::{GreedyStep, greedy_step_within};
+use ch01::{Gguf, GgufFile};
+use ch02::Tokenizer;
+use ch03::{DenseLoader, Recorder};
+use ch04::{Batch, Model};
+use ch06::agreement::{GreedyStep, greedy_step_within};
+use ch08::{FastLoader, PoolKind, new_pool};
 use ch13::synthetic;
-use ch13::{
-    Batch, DenseLoader, FastLoader, Gguf, GgufFile, Model, PoolKind, Recorder, Tokenizer, new_pool,
-};
 use testkit::HIDDEN_TOL;
 use testkit::refdata::{self, TensorFile};
 use testkit::{Tolerance, assert_close};
@@ -146,7 +148,7 @@ fn check_decode(v: &Variant) {
         .forward(
             &Batch::sequence(0, &prompt, 0, false),
             &mut kv,
-            &mut ch13::NoObserver,
+            &mut ch03::NoObserver,
         )
         .unwrap();
     let (mut worst_step, mut differ) = (0f32, 0);
@@ -177,7 +179,7 @@ fn check_decode(v: &Variant) {
             .forward(
                 &Batch::sequence(0, &[tok], pos, false),
                 &mut kv,
-                &mut ch13::NoObserver,
+                &mut ch03::NoObserver,
             )
             .unwrap();
     }
@@ -221,7 +223,7 @@ fn qwen2_biases_and_neox_rope_match_llama_cpp() {
     let v = load("qwen2");
     assert!(
         v.model
-            .blocks_as::<ch13::llama::Llama>()
+            .blocks_as::<ch04::llama::Llama>()
             .expect("llama blocks")
             .layers[0]
             .attn

@@ -17,12 +17,12 @@
 //!     [--seqs 1,2,4,8,16,32] [--steps 24] [--prompt-tokens 64] [--cache f16] [--greedy]
 //! ```
 
-use ch14::engine::{Engine, LoadMode};
-use ch14::mapped::MapOptions;
-use ch14::{
-    Batch, CacheTypes, FastLoader, GenParams, PagedCache, PoolKind, Request, SamplerParams,
-    Scheduler, SchedulerConfig, new_pool,
-};
+use ch04::{Batch, GenParams, SamplerParams};
+use ch05::{CacheTypes, PagedCache};
+use ch07::{Request, Scheduler, SchedulerConfig};
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode};
+use ch10::mapped::MapOptions;
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -33,7 +33,7 @@ struct Cli {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Threads.
-    #[arg(long, short = 't', default_value_t = ch14::cli::default_threads())]
+    #[arg(long, short = 't', default_value_t = ch04::cli::default_threads())]
     threads: usize,
     /// Sequence counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
@@ -58,11 +58,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => p.clone(),
         None => shared::default_model_path()?,
     };
-    let archs = ch14::architectures();
+    let archs = ch13::architectures();
     let fast = FastLoader::new(new_pool(PoolKind::Spin, cli.threads));
     let engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast, &archs)?;
     let model = &engine.model;
-    let row = ch14::cache::cache_row_type(&cli.cache)?;
+    let row = ch06::cache::cache_row_type(&cli.cache)?;
     let cache = CacheTypes { k: row, v: row };
     let vocab = model.config.vocab_size as u32;
     // Distinct prompts: token ids spread over the vocabulary, a different start per sequence.
@@ -87,10 +87,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..3 {
             let mut kv = fresh(past + n)?;
             let before = Batch::sequence(0, &ids[..past], 0, false);
-            model.forward(&before, &mut kv, &mut ch14::NoObserver)?;
+            model.forward(&before, &mut kv, &mut ch03::NoObserver)?;
             let batch = Batch::sequence(0, &ids[past..], past, logits);
             let t = Instant::now();
-            model.forward(&batch, &mut kv, &mut ch14::NoObserver)?;
+            model.forward(&batch, &mut kv, &mut ch03::NoObserver)?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         Ok(best * 1e3)
@@ -174,7 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.forward(
             &Batch::sequence(0, &ids, 0, false),
             &mut kv,
-            &mut ch14::NoObserver,
+            &mut ch03::NoObserver,
         )?;
         best = best.min(t.elapsed().as_secs_f64());
     }

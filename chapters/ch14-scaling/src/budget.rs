@@ -18,10 +18,10 @@
 //! Since chapter 10 releases the mapped pages of every matrix it repacks, the weights are
 //! resident once, whichever form they take.
 
-use crate::CacheTypes;
-use crate::ch01::{Config, GgmlType, Gguf};
-use crate::ch08::gemm::PackedMatrix;
-use crate::engine::MAX_BATCH_TOKENS;
+use ch01::{Config, GgmlType, Gguf};
+use ch05::CacheTypes;
+use ch08::gemm::PackedMatrix;
+use ch10::engine::MAX_BATCH_TOKENS;
 use std::fmt;
 
 // ANCHOR: budget

@@ -22,14 +22,14 @@
 //! noise, its next-token distribution is flatter than a trained model's, and quantization error
 //! measured on it says nothing about a real checkpoint's perplexity.
 
-use crate::ch01::{GgmlType, Gguf, TensorInfo, Value};
-use crate::ch06::agreement::{
+use ch01::{GgmlType, Gguf, TensorInfo, Value};
+use ch06::agreement::{
     Margins, kl_divergence, kl_divergence_of_log_probs, log_softmax, mean_abs_diff,
 };
-use crate::ch06::gguf_write::{GgufWriter, WriteError};
-use crate::ch06::quants::quantize_chunk;
-use crate::ch06::recipe::{GGML_QNT_VERSION, LlamaFtype, Plan};
-use crate::ch13::synthetic::generated;
+use ch06::gguf_write::{GgufWriter, WriteError};
+use ch06::quants::quantize_chunk;
+use ch06::recipe::{GGML_QNT_VERSION, LlamaFtype, Plan};
+use ch13::synthetic::generated;
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -298,7 +298,7 @@ pub enum MakeError {
     #[error("the vocabulary file {0}: {1}")]
     Vocab(String, String),
     #[error(transparent)]
-    Recipe(#[from] crate::ch06::recipe::RecipeError),
+    Recipe(#[from] ch06::recipe::RecipeError),
     #[error(transparent)]
     Write(#[from] WriteError),
     #[error(transparent)]

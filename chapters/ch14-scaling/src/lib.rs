@@ -22,6 +22,3 @@
 pub mod budget;
 pub mod large;
 pub mod run;
-
-/// Everything earlier chapters offer, so `ch14` reads as "the engine as of chapter 14".
-pub use ch13::{self, *};

@@ -3,8 +3,8 @@
 //! allocated.
 
 use crate::budget::{Budget, Holding, available_memory, gb};
-use crate::ch01::Config;
-use crate::engine::{self, EngineArgs};
+use ch01::Config;
+use ch10::engine::{self, EngineArgs};
 use std::error::Error;
 
 /// Chapter 10's settings, and whether to stop after printing the budget.

@@ -12,15 +12,16 @@
 //! attention, vocabularies of 128k and 152k tokens. Then again with the KV cache in f16
 //! (llama.cpp's default) and in q8_0, against llama.cpp's runs with the same cache types.
 
-use ch14::agreement::{Margins, teacher_forced_with};
-use ch14::cache::ROW_Q8_0;
-use ch14::engine::{Engine, LoadMode};
+use ch01::GgufFile;
+use ch04::Model;
+use ch05::{CacheTypes, ContiguousCache, PagedCache, RowType};
+use ch06::QuantLoader;
+use ch06::agreement::{Margins, teacher_forced_with};
+use ch06::cache::ROW_Q8_0;
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode};
+use ch10::mapped::MapOptions;
 use ch14::large::{self, Recipe, StepLogits, check_near_ties};
-use ch14::mapped::MapOptions;
-use ch14::{
-    CacheTypes, ContiguousCache, FastLoader, GgufFile, Model, PagedCache, PoolKind, QuantLoader,
-    RowType, new_pool,
-};
 use std::path::PathBuf;
 use testkit::refdata::{self, TensorFile};
 
@@ -175,7 +176,7 @@ fn generated_large_models_agree_with_llama_cpp_on_both_paths() {
         "reference-data/large/models.json lists too few models"
     );
     let stride = sample_stride(&json);
-    let archs = ch14::architectures();
+    let archs = ch13::architectures();
     let mut totals = Totals::default();
     for (id, m) in models {
         let path = built(id, m);
@@ -232,7 +233,7 @@ fn generated_large_models_agree_with_llama_cpp_with_f16_and_q8_0_caches() {
     let json = refdata::json("large/models.json").unwrap_or_else(|e| panic!("{e}"));
     let models = json["models"].as_object().expect("models");
     let stride = sample_stride(&json);
-    let archs = ch14::architectures();
+    let archs = ch13::architectures();
     let mut totals = Totals::default();
     for (i, (id, m)) in models.iter().enumerate() {
         let path = built(id, m);

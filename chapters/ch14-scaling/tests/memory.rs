@@ -151,21 +151,21 @@ fn the_budget_of_the_full_shapes_matches_their_arithmetic() {
     let recipe = Recipe::named("llama3-8b", "Q4_0").unwrap();
     let vocab = large::vocab_file(&recipe.shape).unwrap();
     let (w, _) = large::layout(&recipe, &vocab).unwrap();
-    let gguf = ch14::Gguf::new(3, w.metadata().to_vec(), w.tensors().to_vec(), 32, 0);
-    let config = ch14::Config::from_gguf(&gguf, &["llama"]).unwrap();
+    let gguf = ch01::Gguf::new(3, w.metadata().to_vec(), w.tensors().to_vec(), 32, 0);
+    let config = ch01::Config::from_gguf(&gguf, &["llama"]).unwrap();
     let holding = ch14::budget::Holding {
         mapped: true,
         repack: true,
     };
-    let b = Budget::plan(&gguf, &config, 8192, ch14::CacheTypes::F32, holding);
+    let b = Budget::plan(&gguf, &config, 8192, ch05::CacheTypes::F32, holding);
     // 32 layers × 8192 positions × (8 heads × 128) × K and V × 4 bytes.
     assert_eq!(b.kv_cache, 32 * 8192 * 1024 * 2 * 4);
     // In f16, 2 bytes a value; in q8_0, 34 bytes for each block of 32 values.
     let kv = |t| Budget::plan(&gguf, &config, 8192, t, holding).kv_cache;
-    assert_eq!(kv(ch14::CacheTypes::F16), 32 * 8192 * 1024 * 2 * 2);
-    let q8 = ch14::CacheTypes {
-        k: ch14::cache::ROW_Q8_0,
-        v: ch14::cache::ROW_Q8_0,
+    assert_eq!(kv(ch05::CacheTypes::F16), 32 * 8192 * 1024 * 2 * 2);
+    let q8 = ch05::CacheTypes {
+        k: ch06::cache::ROW_Q8_0,
+        v: ch06::cache::ROW_Q8_0,
     };
     assert_eq!(kv(q8), 32 * 8192 * (1024 / 32 * 34) * 2);
     // Every matrix but the embeddings is repacked: 4.36 GB of the file's 4.66, a little more

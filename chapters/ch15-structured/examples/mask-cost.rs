@@ -12,15 +12,16 @@
 //! cache. Table 2 generates greedily on the default model with and without the schema and
 //! gives decode speed and the time to the first token, medians of `--runs`.
 
-use ch15::cli::Runner;
-use ch15::engine::{Engine, LoadMode, Scheduled};
-use ch15::large::{self, Recipe};
-use ch15::mapped::MapOptions;
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch04::cli::Runner;
+use ch04::{GenParams, SamplerParams, TokenRule};
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode, Scheduled};
+use ch10::mapped::MapOptions;
+use ch14::large::{self, Recipe};
 use ch15::matcher::Matcher;
-use ch15::{
-    Constraint, FastLoader, GenParams, GgufFile, Grammar, PoolKind, SamplerParams, TokenIndex,
-    TokenRule, Tokenizer, new_pool, schema,
-};
+use ch15::{Constraint, Grammar, TokenIndex, schema};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,11 +139,11 @@ fn throughput(grammar: &Grammar, runs: usize) {
         &path,
         LoadMode::Map(MapOptions::default()),
         fast,
-        &ch15::architectures(),
+        &ch13::architectures(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let template = engine.template.as_ref().expect("a chat template");
-    let messages = [ch15::Message {
+    let messages = [ch02::Message {
         role: "user".into(),
         content: format!("Describe Lyon as JSON with the fields of this schema: {SCHEMA}"),
     }];
@@ -151,7 +152,7 @@ fn throughput(grammar: &Grammar, runs: usize) {
         .unwrap_or_else(|e| panic!("{e}"));
     let mut runner = Scheduled::new(&engine, 2048, 1).unwrap_or_else(|e| panic!("{e}"));
     let constraint = Constraint::new(grammar.clone());
-    let params = |rule: Option<Arc<dyn ch15::MakeRule>>| GenParams {
+    let params = |rule: Option<Arc<dyn ch04::MakeRule>>| GenParams {
         max_tokens: 160,
         sampler: SamplerParams::greedy(),
         stop: vec![],
@@ -160,14 +161,14 @@ fn throughput(grammar: &Grammar, runs: usize) {
     println!(
         "| decoding | tokens | decode (tok/s) | first token (ms) | masks cached |\n|---|---:|---:|---:|---:|"
     );
-    let mut row = |name: &str, rule: Option<Arc<dyn ch15::MakeRule>>, cold: bool| {
+    let mut row = |name: &str, rule: Option<Arc<dyn ch04::MakeRule>>, cold: bool| {
         let (mut speed, mut first, mut n) = (Vec::new(), Vec::new(), 0);
         for _ in 0..runs {
             // Each run recomputes the prompt: the prefix cache is emptied.
             runner = Scheduled::new(&engine, 2048, 1).unwrap_or_else(|e| panic!("{e}"));
             let rule = match (&rule, cold) {
                 (Some(_), true) => {
-                    Some(Arc::new(Constraint::new(grammar.clone())) as Arc<dyn ch15::MakeRule>)
+                    Some(Arc::new(Constraint::new(grammar.clone())) as Arc<dyn ch04::MakeRule>)
                 }
                 _ => rule.clone(),
             };

@@ -1,17 +1,14 @@
 //! Where users ask for structure: the command line's `--grammar`, `--grammar-file`,
 //! `--json-schema`, `--json-schema-file` (llama.cpp's names), and the server's
-//! `response_format` (OpenAI's `json_object` and `json_schema`) and `grammar` (llama-server's).
-//! Both end in [`compile`]: text of a grammar or a schema, checked, as a [`Constraint`].
-//! The server compiles with [`compile_until`], which gives up once the request is cancelled.
+//! `response_format` (OpenAI's `json_object` and `json_schema`) and `grammar` (llama-server's;
+//! read in `serve`, with the feature of that name). Both end in [`compile`]: text of a grammar
+//! or a schema, checked, as a [`Constraint`]. A server compiles with [`compile_until`], which
+//! gives up once the request is cancelled, and keeps what it compiled in [`Structured`].
 
-use crate::api::{ApiError, Cancel};
 use crate::gbnf::{Grammar, GrammarError};
 use crate::mask::{Constraint, IndexCell};
 use crate::matcher::{MatchError, Scratch};
 use crate::schema::{SchemaError, schema_text_to_grammar_until};
-use crate::{Formats, MakeRule};
-use serde_json::Value;
-use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -121,8 +118,8 @@ impl From<MatchError> for CompileError {
 }
 
 // ANCHOR: structured
-/// The server's output forms ([`Formats`]): plain text, `json_object`, `json_schema`, and a
-/// GBNF `grammar`. All grammars share the vocabulary's trie; the same text compiles once.
+/// The grammars a server has compiled, by their text: all share the vocabulary's trie, and the
+/// same text compiles once.
 #[derive(Debug, Default)]
 pub struct Structured {
     index: Arc<IndexCell>,
@@ -164,110 +161,14 @@ impl Structured {
         Ok(c)
     }
 
+    /// Build the vocabulary's trie now, before the first grammar needs it.
+    pub fn build_index(&self, tokenizer: &ch02::Tokenizer) {
+        self.index.get(tokenizer);
+    }
+
     fn compiled(&self) -> MutexGuard<'_, HashMap<Source, Constraint>> {
         // A panic elsewhere while holding the lock leaves a valid map (inserts are whole).
         self.compiled.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 // ANCHOR_END: structured
-
-/// The fields of a `response_format` this server reads. `schema` stays text, so that its
-/// properties keep their order.
-#[derive(serde::Deserialize)]
-struct ResponseFormat<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(borrow)]
-    json_schema: Option<JsonSchemaField<'a>>,
-    /// llama-server's `{"type": "json_object", "schema": {…}}`.
-    #[serde(borrow)]
-    schema: Option<&'a RawValue>,
-}
-
-#[derive(serde::Deserialize)]
-struct JsonSchemaField<'a> {
-    #[serde(borrow)]
-    schema: Option<&'a RawValue>,
-}
-
-// ANCHOR: formats_rule
-impl Formats for Structured {
-    fn rule(
-        &self,
-        response_format: Option<&RawValue>,
-        grammar: Option<&Value>,
-        cancel: &Cancel,
-    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError> {
-        let bad_format = |m: String| ApiError::invalid("response_format", m);
-        let from_format = match response_format.map(RawValue::get) {
-            None | Some("null") => None,
-            Some(text) => {
-                let f: ResponseFormat = serde_json::from_str(text).map_err(|e| {
-                    bad_format(format!(
-                        "`response_format` must be an object with a `type`: {e}"
-                    ))
-                })?;
-                match (f.kind.as_str(), f.json_schema, f.schema) {
-                    ("text", _, _) => None,
-                    ("json_object", _, None) => {
-                        Some(Source::JsonSchema(JSON_OBJECT_SCHEMA.to_string()))
-                    }
-                    ("json_object", _, Some(s)) => Some(Source::JsonSchema(s.get().to_string())),
-                    ("json_schema", Some(JsonSchemaField { schema: Some(s) }), _) => {
-                        Some(Source::JsonSchema(s.get().to_string()))
-                    }
-                    ("json_schema", _, _) => {
-                        return Err(bad_format(
-                            "`response_format` of type `json_schema` needs \
-                             `json_schema.schema`"
-                                .into(),
-                        ));
-                    }
-                    (other, _, _) => {
-                        return Err(bad_format(format!(
-                            "`response_format.type` is {:?}; this server knows `text`, \
-                             `json_object` and `json_schema`",
-                            crate::api::echo(other)
-                        )));
-                    }
-                }
-            }
-        };
-        // ANCHOR_END: formats_rule
-        // ANCHOR: formats_choice
-        let from_grammar = match grammar {
-            None | Some(Value::Null) => None,
-            Some(Value::String(g)) => Some(Source::Grammar(g.clone())),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "grammar",
-                    "`grammar` must be a string of GBNF",
-                ));
-            }
-        };
-        let (source, field) = match (from_format, from_grammar) {
-            (None, None) => return Ok(None),
-            (Some(_), Some(_)) => {
-                return Err(ApiError::invalid(
-                    "grammar",
-                    "give either `grammar` or a `response_format` with a schema, not both",
-                ));
-            }
-            (Some(s), None) => (s, "response_format"),
-            (None, Some(g)) => (g, "grammar"),
-        };
-        // A grammar at the size limit compiles in tens of milliseconds (`cargo bench -p ch15
-        // --bench compile`); a request cancelled meanwhile stops it, and its error goes nowhere.
-        let c = self
-            .constraint_until(source, &|| cancel.is_cancelled())
-            .map_err(|e| ApiError::invalid(field, e.to_string()))?;
-        Ok(Some(Arc::new(c)))
-    }
-
-    /// Build the vocabulary's trie now, not in the first constrained request's time to first
-    /// token (15 ms on the default model, 134 ms on Gemma 3's 262k tokens).
-    fn prepare(&self, tokenizer: &crate::Tokenizer) {
-        self.index.get(tokenizer);
-    }
-}
-// ANCHOR_END: formats_choice

@@ -5,18 +5,19 @@
 //! - [`mask`]: which tokens may come next — a trie of the vocabulary, masks cached by state —
 //!   and the grammar as a rule of chapter 4's sampler ([`Constraint`]).
 //! - [`schema`]: JSON Schema to a grammar, after llama.cpp's `json-schema-to-grammar`.
-//! - [`formats`]: where users ask — the command line's flags and the server's
-//!   `response_format` and `grammar` ([`Structured`]).
+//! - [`formats`]: where users ask — text of a grammar or a schema compiled and checked
+//!   ([`compile`]), and kept by its text for a server's requests ([`Structured`]).
+//! - `serve` (feature `serve`): the server's `response_format` and `grammar` fields, read as
+//!   chapter 11's `Formats`. The rest of the chapter builds without the server.
 
 pub mod formats;
 pub mod gbnf;
 pub mod mask;
 pub mod matcher;
 pub mod schema;
+#[cfg(feature = "serve")]
+pub mod serve;
 
 pub use formats::{CompileError, Source, Structured, compile};
 pub use gbnf::{Grammar, GrammarError};
 pub use mask::{Constraint, TokenIndex};
-
-/// Everything earlier chapters offer, so `ch15` reads as "the engine as of chapter 15".
-pub use ch14::{self, *};

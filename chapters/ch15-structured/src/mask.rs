@@ -14,12 +14,13 @@
 //!   again and again (inside every string, after every comma), and the mask depends on
 //!   nothing else.
 //!
-//! And [`Sampler::sample_ruled`](crate::Sampler::sample_ruled) asks about the sampled token
+//! And [`Sampler::sample_ruled`](ch04::Sampler::sample_ruled) asks about the sampled token
 //! first, so most steps need no mask at all.
 
 use crate::gbnf::Grammar;
 use crate::matcher::{MatchError, Partial, Scratch, Stacks, feed};
-use crate::{MakeRule, TokenRule, Tokenizer};
+use ch02::Tokenizer;
+use ch04::{MakeRule, TokenRule};
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

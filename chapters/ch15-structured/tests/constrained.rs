@@ -9,8 +9,9 @@
 //! - our most likely allowed token is llama.cpp's, except at near-ties (chapter 6's rule: a
 //!   quantized model's logits differ from llama.cpp's by a little).
 
-use ch15::agreement::{TIE_MARGIN, check_tie_fraction};
-use ch15::{Constraint, Grammar, TokenRule};
+use ch04::TokenRule;
+use ch06::agreement::{TIE_MARGIN, check_tie_fraction};
+use ch15::{Constraint, Grammar};
 use testkit::refdata;
 
 mod common;
@@ -61,7 +62,7 @@ fn constrained_greedy_decoding_follows_llama_cpp() {
                 "{id}, step {step}: llama.cpp chose token {want} {:?}, which we refuse",
                 String::from_utf8_lossy(&tok.token_to_piece(want))
             );
-            let best = ch15::sampling::argmax(&masked);
+            let best = ch04::sampling::argmax(&masked);
             if best != want as usize {
                 let gap = masked[best] - masked[want as usize];
                 assert!(

@@ -2,9 +2,11 @@
 //! on the default model's real vocabulary, at states along JSON documents — split characters,
 //! strings, numbers, nesting and the finished document included.
 
+use ch01::GgufFile;
+use ch02::Tokenizer;
 use ch15::matcher::feed;
 use ch15::matcher::{Matcher, Scratch};
-use ch15::{GgufFile, Grammar, TokenIndex, Tokenizer};
+use ch15::{Grammar, TokenIndex};
 use std::sync::Arc;
 use testkit::refdata;
 

@@ -5,11 +5,12 @@
 //! under the schema by an independent validator (the `jsonschema` crate); a text cut by the
 //! token limit is still a prefix the grammar can continue.
 
-use ch15::engine::{Engine, Scheduled};
+use ch02::Message;
+use ch04::{GenParams, MakeRule, SamplerParams, StopReason};
+use ch07::Request;
+use ch10::engine::{Engine, Scheduled};
 use ch15::matcher::Matcher;
-use ch15::{
-    Constraint, GenParams, Grammar, MakeRule, Message, Request, SamplerParams, StopReason, schema,
-};
+use ch15::{Constraint, Grammar, schema};
 use proptest::prelude::*;
 use std::sync::{Arc, OnceLock};
 

@@ -18,12 +18,14 @@
 //! plain decode at the prompt's depth, and `llama-lookup` (its prompt lookup, n-grams of 1 to 4
 //! tokens) for its speculative decode, with the same `--draft-max`.
 
-use ch16::engine::{Engine, LoadMode};
-use ch16::mapped::MapOptions;
-use ch16::{
-    Cached, ContiguousCache, DraftLength, DraftModel, FastLoader, GenParams, Message, PoolKind,
-    PromptLookup, Proposer, SamplerParams, generate, new_pool, speculate,
-};
+use ch02::Message;
+use ch04::{GenParams, SamplerParams, generate};
+use ch05::{Cached, ContiguousCache};
+use ch07::Proposer;
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode};
+use ch10::mapped::MapOptions;
+use ch16::{DraftLength, DraftModel, PromptLookup, speculate};
 use clap::Parser;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -78,7 +80,7 @@ impl Proposer for Replay {
         tokens: &[u32],
         max: usize,
         out: &mut Vec<u32>,
-    ) -> Result<(), ch16::ForwardError> {
+    ) -> Result<(), ch04::ForwardError> {
         for &t in self.truth.iter().skip(tokens.len()).take(max) {
             // splitmix64
             self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -259,7 +261,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 p,
                 LoadMode::Map(MapOptions::default()),
                 fast.clone(),
-                &ch16::architectures(),
+                &ch13::architectures(),
             )
         };
         let engine = load(&path)?;

@@ -3,12 +3,14 @@
 //!
 //! `cargo run --release -p ch16 --example spec-trace -- [--model FILE] [-n 40] [PROMPT]`
 
-use ch16::engine::{Engine, LoadMode};
-use ch16::mapped::MapOptions;
-use ch16::{
-    Cached, ContiguousCache, DraftLength, FastLoader, ForwardError, GenParams, PoolKind,
-    PromptLookup, Proposer, SamplerParams, Tokenizer, new_pool, speculate,
-};
+use ch02::Tokenizer;
+use ch04::{ForwardError, GenParams, SamplerParams};
+use ch05::{Cached, ContiguousCache};
+use ch07::Proposer;
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode};
+use ch10::mapped::MapOptions;
+use ch16::{DraftLength, PromptLookup, speculate};
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -60,7 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &path,
         LoadMode::Map(MapOptions::default()),
         fast,
-        &ch16::architectures(),
+        &ch13::architectures(),
     )?;
     let (model, tok) = (&engine.model, &engine.tokenizer);
     let prompt = tok.encode(&flags.prompt, true, false);

@@ -1,8 +1,10 @@
 //! Who guesses the next tokens: prompt lookup, a draft model, and how many to guess.
 
-pub use ch15::Proposer;
-use ch15::sampling::argmax;
-use ch15::{Cached, ContiguousCache, ForwardError, Model, Session, Tokenizer};
+use ch02::Tokenizer;
+use ch04::sampling::argmax;
+use ch04::{ForwardError, Model, Session};
+use ch05::{Cached, ContiguousCache};
+use ch07::Proposer;
 
 // ANCHOR: lookup
 /// Prompt lookup (n-gram) decoding: find the last `n` tokens of the sequence earlier in it —

@@ -1,12 +1,14 @@
 //! The finished engine with speculation: `llm-rs run --spec ngram` (prompt lookup) or
 //! `--spec draft --draft-model FILE`, one sequence on chapter 5's contiguous cache.
 
-use crate::propose::{DraftLength, DraftModel, PromptLookup, Proposer};
+use crate::propose::{DraftLength, DraftModel, PromptLookup};
 use crate::speculate::{SpecStats, speculate};
-use ch15::cli::{ContextFull, Runner};
-use ch15::engine::{self, Engine, report_engine};
-use ch15::run::{self, RunArgs};
-use ch15::{Cached, ContiguousCache, ForwardError, GenParams, Generation};
+use ch04::cli::{ContextFull, Runner};
+use ch04::{ForwardError, GenParams, Generation};
+use ch05::{Cached, ContiguousCache};
+use ch07::Proposer;
+use ch10::engine::{self, Engine, report_engine};
+use ch14::run::{self, RunArgs};
 use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::path::PathBuf;
@@ -73,7 +75,7 @@ impl<'e> SpecRunner<'e> {
         proposer: Box<dyn Proposer + 'e>,
         kind: SpecKind,
         draft_max: usize,
-        cache: ch15::CacheTypes,
+        cache: ch05::CacheTypes,
     ) -> Result<SpecRunner<'e>, Box<dyn Error>> {
         let model = &engine.model;
         let kv = ContiguousCache::for_model_typed(model, model.n_ctx(), cache)?;

@@ -2,8 +2,9 @@
 //! for chapter 7's scheduler to check in the continuous batch, next to requests that do not
 //! guess.
 
-use crate::propose::{Adaptive, DraftLength, PromptLookup, Proposer};
-use ch15::Guessing;
+use crate::propose::{Adaptive, DraftLength, PromptLookup};
+use ch07::Proposer;
+use ch11::Guessing;
 
 // ANCHOR: lookup_guessing
 /// Prompt lookup for every request of a server (`llm-rs serve --spec ngram`): each request

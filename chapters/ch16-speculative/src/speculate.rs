@@ -14,11 +14,11 @@
 //! comparing with `g` accepts with probability `p(g)`, and a rejected `x` is distributed as
 //! `p` restricted to tokens other than `g`.
 
-use crate::propose::{DraftLength, Proposer};
-use ch15::{
-    Cached, ContiguousCache, ForwardError, GenParams, Generation, Generator, NonFinite, StepError,
-    StopReason, Tokenizer,
-};
+use crate::propose::DraftLength;
+use ch02::Tokenizer;
+use ch04::{ForwardError, GenParams, Generation, Generator, NonFinite, StepError, StopReason};
+use ch05::{Cached, ContiguousCache};
+use ch07::Proposer;
 use std::time::{Duration, Instant};
 
 /// How the guesses fared.
@@ -52,7 +52,7 @@ impl SpecStats {
 }
 
 // ANCHOR: speculate
-/// Chapter 4's [`generate`](ch15::generate) with guesses from `proposer`, as many as `length`
+/// Chapter 4's [`generate`](ch04::generate) with guesses from `proposer`, as many as `length`
 /// says, checked in one pass of `session` each. The session's cache may already hold a prefix
 /// of `prompt` (its `n_past` positions): only the rest is computed. `prompt` must not be empty.
 pub fn speculate(

@@ -2,12 +2,13 @@
 //! finished engine's model, greedy output with guesses — right, wrong, or right for a while —
 //! is token for token the output without them, and so is sampled output for the same seed.
 
-use ch16::engine::{Engine, LoadMode};
-use ch16::mapped::MapOptions;
-use ch16::{
-    Cached, ContiguousCache, DraftLength, DraftModel, FastLoader, ForwardError, GenParams,
-    PoolKind, PromptLookup, Proposer, SamplerParams, SpecStats, generate, new_pool, speculate,
-};
+use ch04::{ForwardError, GenParams, SamplerParams, generate};
+use ch05::{Cached, ContiguousCache};
+use ch07::Proposer;
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode};
+use ch10::mapped::MapOptions;
+use ch16::{DraftLength, DraftModel, PromptLookup, SpecStats, speculate};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
@@ -25,7 +26,7 @@ fn engine() -> &'static Engine {
             &path,
             LoadMode::Map(MapOptions::default()),
             FastLoader::new(new_pool(PoolKind::Spin, 2)),
-            &ch16::architectures(),
+            &ch13::architectures(),
         )
         .unwrap_or_else(|e| panic!("{e}"))
     })
@@ -247,7 +248,7 @@ fn sampled_tokens_with_guesses_follow_the_models_distribution() {
     let k = 4;
     let logits = |tokens: &[u32]| {
         let mut s = session();
-        ch16::Session::next_logits(&mut s, tokens, tokens.len())
+        ch04::Session::next_logits(&mut s, tokens, tokens.len())
             .unwrap()
             .to_vec()
     };

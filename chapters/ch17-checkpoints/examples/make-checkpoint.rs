@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(m) => m,
         None => shared::default_model_path()?,
     };
-    let src = ch17::GgufFile::open(&model)?;
+    let src = ch01::GgufFile::open(&model)?;
     let recipe = common::Recipe {
         layers: args.layers,
         dtype: match args.dtype {

@@ -23,8 +23,8 @@
 
 use crate::convert::{Planned, Source};
 use crate::files::{Checkpoint, bad};
-use ch16::ch01::{Gguf, TensorInfo};
-use ch16::mapped::{PageAdvice, ReleasePages};
+use ch01::{Gguf, TensorInfo};
+use ch10::mapped::{PageAdvice, ReleasePages};
 use std::error::Error;
 use std::os::fd::AsRawFd;
 

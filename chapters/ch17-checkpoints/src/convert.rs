@@ -4,11 +4,11 @@
 use crate::family::{Meta, permute_rows};
 use crate::files::{Checkpoint, CheckpointError, bad};
 use crate::vocab::tokenizer_keys;
-use ch16::ch01::{GgmlType, Gguf, TensorInfo, Value};
-use ch16::ch06::gguf_write::GgufWriter;
-use ch16::ch06::recipe::{GGML_QNT_VERSION, LlamaFtype, Plan};
-use ch16::ch06::requantize;
-use ch16::mapped::AlignedBuf;
+use ch01::{GgmlType, Gguf, TensorInfo, Value};
+use ch06::gguf_write::GgufWriter;
+use ch06::recipe::{GGML_QNT_VERSION, LlamaFtype, Plan};
+use ch06::requantize;
+use ch10::mapped::AlignedBuf;
 use safetensors::Dtype;
 use serde_json::Value as Json;
 use std::borrow::Cow;
@@ -357,7 +357,7 @@ impl Checkpoint {
             }
             None => None,
         };
-        let w_err = |e: ch16::ch06::gguf_write::WriteError| bad(&self.dir, e.to_string());
+        let w_err = |e: ch06::gguf_write::WriteError| bad(&self.dir, e.to_string());
         let mut writer = GgufWriter::new();
         for (k, v) in meta {
             writer.set(&k, v).map_err(w_err)?;

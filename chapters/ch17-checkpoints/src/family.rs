@@ -18,7 +18,7 @@
 //! Each [`Family`] says these things for one architecture; [`FAMILIES`] are the ones the
 //! engine converts.
 
-use ch16::ch01::Value;
+use ch01::Value;
 use serde_json::Value as Json;
 
 /// The metadata of a GGUF file being made: `(key, value)` in the order written.
@@ -255,7 +255,7 @@ fn gemma3_extra(config: &Json, meta: &mut Meta) -> Result<(), String> {
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let ty = ch16::ch01::gguf::ValueType::Bool;
+        let ty = ch01::gguf::ValueType::Bool;
         meta.push((
             key("attention.sliding_window_pattern"),
             Value::Array(ty, flags),
@@ -283,7 +283,8 @@ fn gemma3_extra(config: &Json, meta: &mut Meta) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ch16::ch03::{RopeStyle, RopeTable};
+    use ch01::config::RopeStyle;
+    use ch03::RopeTable;
 
     /// Why the permutation is right: Hugging Face's RoPE (rotating halves, NeoX style) on a
     /// query in Hugging Face's order, then reordered, equals llama.cpp's RoPE (adjacent pairs)

@@ -27,7 +27,7 @@
 //! - `assemble` (Unix): the image without copying the weights — the shards mapped side by side
 //!   in one range of addresses after a little private memory for what the conversion writes,
 //!   the header pointing into them;
-//! - [`open`]: chapter 10's [`ModelFiles`](crate::ModelFiles) for the finished engine
+//! - [`open`]: chapter 10's [`ModelFiles`](ch10::ModelFiles) for the finished engine
 //!   ([`Checkpoints`]): a directory (or its `config.json`) becomes that image (or, with
 //!   `--no-mmap` or off Unix, the converted file built in memory); a GGUF file opens as before.
 //!
@@ -47,6 +47,3 @@ pub use convert::Precision;
 pub use family::{FAMILIES, Family};
 pub use files::{Checkpoint, CheckpointError, Shard};
 pub use open::Checkpoints;
-
-/// Everything earlier chapters offer, so `ch17` reads as "the engine as of chapter 17".
-pub use ch16::{self, *};

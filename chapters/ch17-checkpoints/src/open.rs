@@ -3,9 +3,9 @@
 
 use crate::convert::Precision;
 use crate::files::{Checkpoint, is_checkpoint};
-use ch16::ch01::{Gguf, GgufFile};
-use ch16::engine::{GgufFiles, Image, LoadMode, ModelFiles, Opened};
-use ch16::mapped::SharedBytes;
+use ch01::{Gguf, GgufFile};
+use ch10::engine::{GgufFiles, Image, LoadMode, ModelFiles, Opened};
+use ch10::mapped::SharedBytes;
 use std::error::Error;
 use std::path::Path;
 use std::sync::Arc;

@@ -22,10 +22,10 @@
 
 use crate::family::Meta;
 use crate::files::{Checkpoint, CheckpointError, bad};
-use ch16::ch01::Value;
-use ch16::ch01::gguf::ValueType;
-use ch16::ch02::pretokenize::{PRE_NAMES, PreTokenizer};
-use ch16::ch02::vocab::{MAX_TOKEN_BYTES, MAX_VOCAB_TOKENS};
+use ch01::Value;
+use ch01::gguf::ValueType;
+use ch02::pretokenize::{PRE_NAMES, PreTokenizer};
+use ch02::vocab::{MAX_TOKEN_BYTES, MAX_VOCAB_TOKENS};
 use serde_json::Value as Json;
 use std::collections::HashMap;
 
@@ -324,7 +324,7 @@ fn pre_name(ckpt: &Checkpoint, model: &Json) -> Result<&'static str, String> {
         .as_ref()
         .and_then(|c| c.get("clean_up_tokenization_spaces"))
         .and_then(Json::as_bool);
-    let same_rule = |row: &&ch16::ch02::pretokenize::PreName| {
+    let same_rule = |row: &&ch02::pretokenize::PreName| {
         row.pre
             .regexes()
             .iter()

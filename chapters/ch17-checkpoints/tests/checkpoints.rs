@@ -7,9 +7,12 @@
 mod common;
 mod converted;
 
-use ch17::ch06::agreement::{MAX_KL, TIE_MARGIN, greedy_step_within, kl_divergence};
-use ch17::ch13::synthetic;
-use ch17::{Checkpoints, Engine, FastLoader, Gguf, LoadMode, PoolKind, Precision, new_pool};
+use ch01::Gguf;
+use ch06::agreement::{MAX_KL, TIE_MARGIN, greedy_step_within, kl_divergence};
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::{Engine, LoadMode};
+use ch13::synthetic;
+use ch17::{Checkpoints, Precision};
 use common::Recipe;
 use safetensors::Dtype;
 use serde_json::json;
@@ -84,7 +87,7 @@ fn made(id: &str, name: &str, recipe: Recipe) -> Arc<Made> {
         return m.clone();
     }
     let src_path = source(id);
-    let src = ch17::GgufFile::open(&src_path).unwrap();
+    let src = ch01::GgufFile::open(&src_path).unwrap();
     let dir = work_dir().join(&key);
     let _ = std::fs::remove_dir_all(&dir);
     let reference = common::make(&src, &recipe, &dir);
@@ -127,7 +130,7 @@ fn engine(path: &Path, precision: Precision) -> Engine {
 /// The same, loaded as `mode` says (`LoadMode::Read`: a directory converted into memory).
 fn engine_in(path: &Path, precision: Precision, mode: LoadMode) -> Engine {
     let files = Checkpoints { precision };
-    let archs = ch17::architectures();
+    let archs = ch13::architectures();
     Engine::open(&files, path, mode, fast(), &archs, Box::new(|_, _| {}))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -209,7 +212,7 @@ fn smollm2_bf16() -> Arc<Made> {
 fn a_bf16_directory_is_exact_in_f32_and_close_on_the_bf16_kernels() {
     let m = smollm2_bf16();
     // Converted to F32, the directory's BF16 values are exact.
-    assert_same_logits(&m, Some(ch17::ch06::recipe::LlamaFtype::F32));
+    assert_same_logits(&m, Some(ch06::recipe::LlamaFtype::F32));
     // Kept in BF16, chapter 8's BF16 kernels run it.
     let (_, want) = logits(&engine(&m.reference, None));
     let bf16 = engine(&m.dir, None);
@@ -310,7 +313,7 @@ fn the_tokenizer_gives_the_ids_of_tokenizers_and_of_the_gguf_file() {
         let hf = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
         let ours = engine(&m.dir, None).tokenizer;
         let gguf =
-            ch17::Tokenizer::from_gguf(&ch17::GgufFile::open(&m.source).unwrap().gguf).unwrap();
+            ch02::Tokenizer::from_gguf(&ch01::GgufFile::open(&m.source).unwrap().gguf).unwrap();
         let texts = corpus(vocab);
         assert!(texts.len() >= 50, "{vocab}: {} texts", texts.len());
         for text in &texts {
@@ -373,9 +376,9 @@ fn llm_rs_runs_converts_and_inspects_a_directory() {
         "Q8_0".as_ref(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let q8_file = ch17::GgufFile::open(&q8).unwrap();
+    let q8_file = ch01::GgufFile::open(&q8).unwrap();
     let q = q8_file.gguf.tensor("blk.0.ffn_up.weight").unwrap();
-    assert_eq!(q.ggml_type, ch17::ch01::GgmlType::Q8_0);
+    assert_eq!(q.ggml_type, ch01::GgmlType::Q8_0);
     assert_eq!(
         generated(&m.dir, &["--quantize", "Q8_0"]),
         generated(&q8, &[])
@@ -564,7 +567,7 @@ const KEYS_WE_DIFFER_ON: &[(&str, &str, &str)] = &[
 
 #[test]
 fn the_converter_writes_the_metadata_and_tensors_llama_cpps_converter_writes() {
-    use ch17::ch06::recipe::LlamaFtype;
+    use ch06::recipe::LlamaFtype;
     let record = testkit::refdata::json("checkpoints/converted.json").unwrap();
     let mut differences = Vec::new();
     let mut allowed_seen = std::collections::HashSet::new();

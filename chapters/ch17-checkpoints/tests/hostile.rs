@@ -2,7 +2,9 @@
 //! with an error naming the file and what in it is wrong — never a panic, and never an
 //! allocation sized by a number the file made up.
 
-use ch17::{Checkpoint, Checkpoints, Engine, FastLoader, LoadMode, PoolKind, new_pool};
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::{Engine, LoadMode};
+use ch17::{Checkpoint, Checkpoints};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{Value as Json, json};
 use std::path::Path;
@@ -94,7 +96,7 @@ fn checkpoint(
 
 fn load(dir: &Path) -> Result<Engine, String> {
     let fast = FastLoader::new(new_pool(PoolKind::Spin, 1));
-    let archs = ch17::architectures();
+    let archs = ch13::architectures();
     Engine::open(
         &Checkpoints::default(),
         dir,

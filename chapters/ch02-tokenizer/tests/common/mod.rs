@@ -2,8 +2,8 @@
 
 #![allow(dead_code)] // each test file uses part of this
 
+use ch01::GgufFile;
 use ch02::Tokenizer;
-use ch02::ch01::GgufFile;
 use std::sync::OnceLock;
 
 /// The vocabularies of `reference-data/tokenizer/corpus.json`, by its names for them: the

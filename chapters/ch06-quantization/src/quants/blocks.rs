@@ -6,7 +6,7 @@
 //! `sizeof(block_*)` and a slice of them can be laid over the bytes of a GGUF tensor.
 
 use bytemuck::{Pod, PodCastError, Zeroable};
-use ch05::ch01::GgmlType;
+use ch01::GgmlType;
 use half::f16;
 use std::fmt;
 use std::mem::{align_of, size_of};

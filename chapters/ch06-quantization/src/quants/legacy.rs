@@ -394,7 +394,7 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
 macro_rules! impl_block {
     ($block:ty, $ty:ident, $qk:expr, $deq:ident, $q:ident) => {
         impl Block for $block {
-            const TYPE: ch05::ch01::GgmlType = ch05::ch01::GgmlType::$ty;
+            const TYPE: ch01::GgmlType = ch01::GgmlType::$ty;
             const BLOCK_SIZE: usize = $qk;
             fn dequantize_row(x: &[Self], y: &mut [f32]) {
                 $deq(x, y)

@@ -10,7 +10,7 @@ use super::blocks::*;
 use super::float::*;
 use super::k_quants::*;
 use super::legacy::*;
-use ch05::ch01::GgmlType;
+use ch01::GgmlType;
 use std::borrow::Cow;
 use std::fmt;
 use std::mem::size_of;

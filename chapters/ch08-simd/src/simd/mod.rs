@@ -71,13 +71,13 @@ pub trait F32Simd {
     /// By default chapter 1's plain loop.
     #[inline(always)]
     unsafe fn f16_to_f32(x: &[u8], out: &mut [f32]) {
-        crate::ch04::ch03::ch01::dequant::dequantize_row_f16(x, out)
+        ch01::dequant::dequantize_row_f16(x, out)
     }
     /// `out` = the Q8_0 blocks in `x` (34 bytes each: an f16 scale `d`, 32 codes `q`; value
     /// `d·q`): a key or value row of a Q8_0 cache. By default chapter 1's plain loop.
     #[inline(always)]
     unsafe fn q8_0_to_f32(x: &[u8], out: &mut [f32]) {
-        crate::ch04::ch03::ch01::dequant::dequantize_row_q8_0(x, out)
+        ch01::dequant::dequantize_row_q8_0(x, out)
     }
     /// `acc += Σ_j p_j·v_j` over the value rows `vals[j]`. Every row must be exactly as long as
     /// `acc` (part of the safety contract, as for `scores`).
@@ -321,8 +321,8 @@ fn first_with_abs(x: &[f32], amax: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ch06::quants::k_quants::q3_K_scale;
-    use crate::ch06::quants::search::get_scale_min_k4;
+    use ch06::quants::k_quants::q3_K_scale;
+    use ch06::quants::search::get_scale_min_k4;
 
     #[test]
     fn scale_unpacking_matches_chapter_6() {

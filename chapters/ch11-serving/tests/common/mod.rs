@@ -40,9 +40,9 @@ pub fn args() -> ServeArgs {
         body_limit: 1 << 20,
         no_repack: false,
         // The flags' default, llama-server's: keys and values in f16.
-        cache: ch11::ch10::CacheTypes::F16,
-        archs: ch11::architectures(),
-        files: std::sync::Arc::new(ch11::GgufFiles),
+        cache: ch05::CacheTypes::F16,
+        archs: ch04::architectures(),
+        files: std::sync::Arc::new(ch10::GgufFiles),
         formats: std::sync::Arc::new(ch11::TextOnly),
         guessing: std::sync::Arc::new(ch11::NoGuessing),
     }

@@ -3,9 +3,12 @@
 
 #![allow(dead_code)] // each test uses some of these
 
-use ch15::engine::{Engine, LoadMode};
-use ch15::mapped::MapOptions;
-use ch15::{FastLoader, GgufFile, Grammar, PoolKind, Tokenizer, new_pool};
+use ch01::GgufFile;
+use ch02::Tokenizer;
+use ch08::{FastLoader, PoolKind, new_pool};
+use ch10::engine::{Engine, LoadMode};
+use ch10::mapped::MapOptions;
+use ch15::Grammar;
 use serde_json::Value;
 
 /// The default model's tokenizer (only the file's metadata is read).
@@ -22,7 +25,7 @@ pub fn engine() -> Engine {
         &path,
         LoadMode::Map(MapOptions::default()),
         FastLoader::new(new_pool(PoolKind::Spin, 2)),
-        &ch15::architectures(),
+        &ch13::architectures(),
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }

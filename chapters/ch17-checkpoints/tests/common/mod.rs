@@ -11,10 +11,10 @@
 //! the directory must give, bit for bit.
 #![allow(dead_code)]
 
-use ch17::ch01::{GgmlType, GgufFile, Value};
-use ch17::ch02::Vocab;
-use ch17::ch02::vocab::{TokenAttr, VocabKind};
-use ch17::ch06::gguf_write::GgufWriter;
+use ch01::{GgmlType, GgufFile, Value};
+use ch02::Vocab;
+use ch02::vocab::{TokenAttr, VocabKind};
+use ch06::gguf_write::GgufWriter;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{Map, Value as Json, json};
 use std::collections::HashMap;
@@ -115,8 +115,8 @@ fn decode(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
 }
 
 /// Tensor `t` of `src` in f32, by chapter 6's dequantizers (chapter 1's know fewer types).
-fn dequantize(src: &GgufFile<impl AsRef<[u8]>>, t: &ch17::ch01::TensorInfo) -> Vec<f32> {
-    let traits = ch17::ch06::type_traits(t.ggml_type).expect("a type chapter 6 knows");
+fn dequantize(src: &GgufFile<impl AsRef<[u8]>>, t: &ch01::TensorInfo) -> Vec<f32> {
+    let traits = ch06::type_traits(t.ggml_type).expect("a type chapter 6 knows");
     let bytes = src.bytes_of(t).unwrap();
     let cols = t.dims[0] as usize;
     let row = cols / traits.block_size * traits.type_size;

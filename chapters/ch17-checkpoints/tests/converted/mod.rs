@@ -4,8 +4,8 @@
 //! and the sha256 of its bytes), every tensor's type, shape (ggml's order) and the sha256 of
 //! its bytes — and the differences between two such records.
 
-use ch17::ch01::Value;
-use ch17::ch01::gguf::ValueType;
+use ch01::Value;
+use ch01::gguf::ValueType;
 use serde_json::{Map, Value as Json, json};
 use sha2::{Digest, Sha256};
 

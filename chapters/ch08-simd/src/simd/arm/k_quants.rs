@@ -8,7 +8,7 @@
 
 use super::super::{scales_mins_k4, scales_q3_K};
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 
 /// `Σ codes · y` over 16 weights.
 #[inline(always)]

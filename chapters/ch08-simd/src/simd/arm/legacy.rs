@@ -9,7 +9,7 @@
 //! Every function needs NEON, plus what its [`Dot`] needs, enabled by the caller.
 
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 
 /// Chapter 6's sum over the blocks of `$x` and `$y`: `$term(x, y, Σ)` of each block, added in
 /// block order to one float, where `$sums(x, y)` gives the block's four partial integer sums.

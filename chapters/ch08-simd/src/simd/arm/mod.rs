@@ -97,7 +97,7 @@ macro_rules! dot_kernels {
 /// NEON kernels: byte products with `smull` and pairwise adds.
 pub mod neon {
     use super::*;
-    use crate::ch06::quants::blocks::*;
+    use ch06::quants::blocks::*;
 
     dot_kernels!("neon", Mull);
 
@@ -120,7 +120,7 @@ pub mod neon {
 /// NEON kernels with `sdot`.
 pub mod neondotprod {
     use super::*;
-    use crate::ch06::quants::blocks::*;
+    use ch06::quants::blocks::*;
 
     dot_kernels!("neon,dotprod", Sdot);
 }

@@ -11,7 +11,7 @@
 
 use super::super::first_with_abs;
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 use half::f16;
 
 /// `max(|v|)` over the floats of `x`, ignoring NaN.

@@ -15,7 +15,7 @@
 
 use super::super::{scales_mins_k4, scales_q3_K};
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 
 /// 32 bytes of `s` from element `i` on.
 #[inline(always)]

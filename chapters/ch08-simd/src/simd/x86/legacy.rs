@@ -26,7 +26,7 @@
 //! caller.
 
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 
 // ANCHOR: in_block_order
 /// The integer sums of four blocks, each from its eight partial sums: `[Σ s0, Σ s1, Σ s2, Σ s3]`.

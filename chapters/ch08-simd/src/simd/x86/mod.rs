@@ -69,7 +69,7 @@ macro_rules! entry_points {
 /// AVX2 kernels (with FMA and F16C).
 pub mod avx2 {
     use super::*;
-    use crate::ch06::quants::blocks::*;
+    use ch06::quants::blocks::*;
 
     entry_points! { "avx2,fma,f16c":
         /// Q4_0 weights · Q8_0 activations.
@@ -122,7 +122,7 @@ pub mod avx2 {
 /// AVX-512 (F, BW, VL) kernels with 64-byte registers.
 pub mod avx512 {
     use super::*;
-    use crate::ch06::quants::blocks::*;
+    use ch06::quants::blocks::*;
 
     entry_points! { "avx2,fma,f16c,avx512f,avx512bw,avx512vl":
         /// Q4_0 weights · Q8_0 activations, two blocks per register.
@@ -192,7 +192,7 @@ pub unsafe fn quantize_q8_panel(
 /// `vpmaddwd`.
 pub mod avx512vnni {
     use super::*;
-    use crate::ch06::quants::blocks::*;
+    use ch06::quants::blocks::*;
 
     entry_points! { "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
         /// Q4_0 weights · Q8_0 activations, two blocks per register.

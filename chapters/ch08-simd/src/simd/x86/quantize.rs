@@ -19,7 +19,7 @@
 
 use super::super::first_with_abs;
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 
 /// `max(|v|)` over `v`, ignoring NaN like chapter 6's `f32::max` fold: `vmaxps` returns its
 /// second operand when either is NaN, and the running maximum is kept second.

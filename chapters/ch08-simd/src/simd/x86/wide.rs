@@ -18,7 +18,7 @@ use super::legacy::{
     q5_0_sums, q8_0_sums, scaled_terms,
 };
 use super::*;
-use crate::ch06::quants::blocks::*;
+use ch06::quants::blocks::*;
 
 /// Signed-by-signed byte products on 64-byte registers: `|x| · (y · sign(x))`.
 #[inline(always)]
