@@ -185,6 +185,15 @@ pub fn default_model_path() -> Result<PathBuf, FetchError> {
     ensure_cached(&DEFAULT_MODEL)
 }
 
+/// `model` if given, else [`default_model_path`]: what a program runs when no `--model` is
+/// given.
+pub fn model_or_default(model: Option<PathBuf>) -> Result<PathBuf, FetchError> {
+    match model {
+        Some(p) => Ok(p),
+        None => default_model_path(),
+    }
+}
+
 /// Path of `spec` in the cache directory, fetching it first if it is not there.
 pub fn ensure_cached(spec: &ModelSpec) -> Result<PathBuf, FetchError> {
     ensure_made(spec.file_name, |dir, dest| fetch_into(spec, dir, dest))

@@ -5,8 +5,12 @@
 use ch03::DenseLoader;
 use ch04::{Model, Uncached};
 
+/// This example's flags and `main`, in a file the later chapters' examples include too.
+#[path = "common/generate_flags.rs"]
+mod generate_flags;
+
 fn main() {
-    flags::generate::main(
+    generate_flags::main(
         |file| Ok(Model::load(file, &DenseLoader, &ch04::architectures())?),
         |model, _| Box::new(Uncached::new(model)),
     );

@@ -159,12 +159,12 @@ impl Args {
         self.threads.clamp(1, cap)
     }
 
-    /// The model path: `--model`, else the default model (fetched if needed).
+    /// The model path, `--model`. (A program fills in its default model, if it has one,
+    /// before it runs: the library fetches nothing.)
     pub fn model_path(&self) -> Result<PathBuf, Box<dyn Error>> {
-        match &self.model {
-            Some(p) => Ok(p.clone()),
-            None => Ok(shared::default_model_path()?),
-        }
+        self.model
+            .clone()
+            .ok_or_else(|| "no model file: give --model PATH".into())
     }
 }
 

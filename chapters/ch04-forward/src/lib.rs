@@ -9,6 +9,8 @@
 //! - [`arch`]: architectures as values: the [`Blocks`] trait a model's layers implement, and
 //!   [`Architectures`], the set of architectures [`Model::load`] is given.
 //! - [`llama`]: llama, the first architecture: its blocks and its loader.
+//! - [`memory`]: sizes multiplied without overflow and checked against the machine's memory
+//!   before a buffer of that size is allocated (a hostile file's context length, a flag's).
 //! - [`batch`]: the tokens of one forward pass, each with its sequence and position.
 //! - [`model`]: token embeddings, the architecture's blocks, the final norm and the output
 //!   projection (tied to the embeddings when the file has no `output.weight`), and
@@ -33,6 +35,7 @@ pub mod compute;
 pub mod generate;
 pub mod layer;
 pub mod llama;
+pub mod memory;
 pub mod model;
 pub mod sampling;
 

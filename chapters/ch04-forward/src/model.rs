@@ -4,11 +4,11 @@
 use crate::arch::{Architectures, Blocks, Ctx};
 pub use crate::batch::Batch;
 use crate::compute::{Compute, Scratch};
+use crate::memory::{TooLarge, checked_bytes};
 use ch01::{Config, GgufFile};
 use ch03::attention::reserve_batch_with;
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix, load_vector, matrix_bytes};
 use ch03::{Attention, KvError, KvStore, Observer};
-use shared::memory::{TooLarge, checked_bytes};
 use std::fmt;
 use std::sync::Arc;
 

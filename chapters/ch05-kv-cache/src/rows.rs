@@ -161,7 +161,7 @@ impl RowBuf {
             GgmlType::F32 => {
                 let mut data = vec![0.0; rows * width];
                 if huge {
-                    shared::memory::advise_huge_pages(&mut data);
+                    ch04::memory::advise_huge_pages(&mut data);
                 }
                 RowBuf::F32(data)
             }
@@ -169,7 +169,7 @@ impl RowBuf {
                 let row_bytes = ty.row_bytes(width).expect("checked by kv_buffers");
                 let mut data = vec![0u8; rows * row_bytes];
                 if huge {
-                    shared::memory::advise_huge_pages(&mut data);
+                    ch04::memory::advise_huge_pages(&mut data);
                 }
                 RowBuf::Encoded {
                     ty,
@@ -254,7 +254,7 @@ pub(crate) fn kv_buffers(
     })?;
     let mut factors: Vec<(&str, u64)> = dims.iter().map(|&(n, v)| (n, v as u64)).collect();
     factors.push(("bytes per K and V row", per_row as u64));
-    shared::memory::checked_bytes(what, &factors).map_err(|e| KvError::Other(e.to_string()))?;
+    ch04::memory::checked_bytes(what, &factors).map_err(|e| KvError::Other(e.to_string()))?;
     let rows = dims.iter().map(|d| d.1).product(); // no overflow: checked above
     Ok((
         RowBuf::new(types.k, rows, kv_dim, fills_in_order),

@@ -6,8 +6,12 @@ use ch04::Model;
 use ch05::Cached;
 use ch06::QuantLoader;
 
+/// Chapter 4's command line (the `generate` example's flags and `main`).
+#[path = "../../ch04-forward/examples/common/generate_flags.rs"]
+mod generate_flags;
+
 fn main() {
-    flags::generate::main(
+    generate_flags::main(
         |file| Ok(Model::load(file, &QuantLoader, &ch04::architectures())?),
         |model, args| Box::new(Cached::contiguous(model, args.ctx)),
     );

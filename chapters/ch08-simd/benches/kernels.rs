@@ -9,13 +9,13 @@
 //!
 //! Every kernel this CPU can run is a member, including those no set uses (such as
 //! `avx512vnni_ymm` beside `avx512vnni` for the legacy types): the measurements are what
-//! chose between them (see the table in `src/kernels.rs`). `cargo bench -p ch08 --bench
+//! chose between them (see the table in `src/kernels/table.rs`). `cargo bench -p ch08 --bench
 //! kernels -- vec_dot_q4_0` runs one group.
 //!
 //! Where the CPU has AVX-512 VNNI, one more group, `mul_mat_packed_4096x4096`: the packed
-//! micro-kernels of `gemm.rs` on one thread, a 4096 × 4096 matrix of each packed type times
-//! 1 token (a decode step) and 64 (a prompt), in multiply-adds per second: what each type's
-//! tile costs against the others (a Q4_K product as fast as a Q4_0 one, Q6_K's a little
+//! micro-kernels of `gemm/avx512.rs` on one thread, a 4096 × 4096 matrix of each packed type
+//! times 1 token (a decode step) and 64 (a prompt), in multiply-adds per second: what each
+//! type's tile costs against the others (a Q4_K product as fast as a Q4_0 one, Q6_K's a little
 //! slower: a byte per 6-bit code to read).
 //!
 //! And `attend_decode_16x230`: the attention of one decode step of 16 sequences, each with

@@ -9,10 +9,14 @@ use ch08::FastLoader;
 use ch08::pool::{PoolKind, new_pool};
 use clap::Parser;
 
+/// Chapter 4's command line (the `generate` example's flags), which this one extends.
+#[path = "../../ch04-forward/examples/common/generate_flags.rs"]
+mod generate_flags;
+
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: flags::generate::Generate,
+    args: generate_flags::Generate,
     /// Thread pool for the matrix products: `spin` (ours) or `rayon`.
     #[arg(long, default_value = "spin")]
     pool: PoolKind,
@@ -27,7 +31,9 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
-    let args = &cli.args.args();
+    let mut args = cli.args.args();
+    generate_flags::default_model(&mut args);
+    let args = &args;
     let mut loader = FastLoader::new(new_pool(cli.pool, args.threads()));
     loader.pack = !cli.no_pack;
     let result = cli::run(

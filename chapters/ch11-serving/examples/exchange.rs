@@ -39,6 +39,10 @@ const STREAMED: &str = r#"{
 /// Widest line printed: an event is wrapped to fit the book's page.
 const WIDTH: usize = 100;
 
+/// The `server` example's flags.
+#[path = "common/server_flags.rs"]
+mod server_flags;
+
 /// `--stream`, and the `server` example's flags.
 #[derive(Parser)]
 struct Exchange {
@@ -46,7 +50,7 @@ struct Exchange {
     #[arg(long)]
     stream: bool,
     #[command(flatten)]
-    server: flags::server::Server,
+    server: server_flags::Server,
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -54,6 +58,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut args = cli.server.args(ch04::architectures());
     (args.host, args.port) = ("127.0.0.1".into(), 0);
     args.check()?;
+    server_flags::default_model(&mut args.model);
     let state = ch11::AppState::new(args.limits());
     if state.loaded.set(ch11::load(&args)?).is_err() {
         unreachable!("loaded once");

@@ -165,10 +165,11 @@ pub fn load_observed(
     args: &ServeArgs,
     observer: Arc<dyn worker::Observer>,
 ) -> Result<Loaded, Box<dyn Error>> {
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => shared::default_model_path()?,
-    };
+    // A program fills in its default model, if it has one: the library fetches nothing.
+    let path = args
+        .model
+        .clone()
+        .ok_or("no model file: give --model PATH")?;
     let mut fast = FastLoader::new(new_pool(PoolKind::Spin, args.threads));
     fast.pack = !args.no_repack;
     let mut engine = Engine::open(

@@ -12,6 +12,10 @@
 //! (their buckets and sums are this machine's), and so are the `# HELP` lines, which are longer
 //! than a page; `curl http://127.0.0.1:8080/metrics` on the `production` example shows all.
 
+/// The `production` example's flags.
+#[path = "common/production_flags.rs"]
+mod production_flags;
+
 use ch12::app::App;
 use ch12::serve;
 use std::error::Error;
@@ -44,13 +48,14 @@ const SHOWN: [&str; 9] = [
 const IDLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let production = flags::settings::parse_from::<flags::production::Production>(
+    let production = production_flags::settings::parse_from::<production_flags::Production>(
         std::env::args_os().collect(),
         "config",
     )?;
     let mut args = production.args(ch04::architectures());
     (args.serve.host, args.serve.port) = ("127.0.0.1".into(), 0);
     args.check()?;
+    production_flags::server_flags::default_model(&mut args.serve.model);
     let app: Arc<App> = Arc::new(args.app()?);
     for v in &app.variants {
         let loaded = ch11::load_observed(&v.args, app.observer(v.name))?;

@@ -23,8 +23,8 @@
 //! The `production` example is the server: `cargo run --release -p ch12 --example production
 //! -- [--config FILE] [--port 8080] [--parallel N] …`; `--help` lists every flag with its
 //! environment variable. Its flags, which also come from `LLM_RS_<FLAG>` and from a TOML file,
-//! are the `flags` crate's (`flags::settings`). The `metrics` example shows what `/metrics`
-//! says after one request.
+//! are the example's (`examples/common/`): the library takes its settings as a plain value. The
+//! `metrics` example shows what `/metrics` says after one request.
 //!
 //! [`Observer`]: ch11::worker::Observer
 

@@ -1,0 +1,488 @@
+//! [`Avx512`]: attention's two arithmetic-bound kernels, scores and weighted sums, on sixteen
+//! lanes (AVX-512 F) — for one query, and for the query heads of one KV head at once, each key
+//! and value row loaded once for all of them, read from f32 rows or converted from f16 as it is
+//! loaded. Everything else is [`Avx2`]'s.
+//!
+//! # Safety
+//! Every function needs AVX2, FMA, F16C and AVX-512 F enabled by the caller.
+
+use super::*;
+
+/// AVX-512 F: the attention kernels on sixteen lanes; everything else as [`Avx2`] (which an
+/// AVX-512 CPU also has).
+pub struct Avx512;
+
+/// [`scores_regs`](super::avx2::scores_regs) with `q` in `V` 16-lane registers.
+///
+/// # Safety
+/// As for [`scores_regs`](super::avx2::scores_regs) with `16·V` floats, and AVX-512 F is
+/// enabled too.
+#[inline(always)]
+unsafe fn scores_regs512<const V: usize>(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+    // SAFETY: as in `scores_regs`, with `16·V` floats per row; AVX-512 F, AVX2 and FMA are enabled
+    // by the caller.
+    unsafe {
+        let mut qr = [_mm512_setzero_ps(); V];
+        for (i, r) in qr.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(q.as_ptr().add(16 * i));
+        }
+        // Sixteen lanes to eight: add the register's halves.
+        let half = |v: __m512| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            )
+        };
+        let vs = _mm_set1_ps(scale);
+        let mut j = 0;
+        while j + 4 <= keys.len() {
+            let k = [
+                keys[j].as_ptr(),
+                keys[j + 1].as_ptr(),
+                keys[j + 2].as_ptr(),
+                keys[j + 3].as_ptr(),
+            ];
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for (i, q) in qr.iter().enumerate() {
+                for (a, k) in acc.iter_mut().zip(k) {
+                    *a = _mm512_fmadd_ps(*q, _mm512_loadu_ps(k.add(16 * i)), *a);
+                }
+            }
+            let h01 = _mm256_hadd_ps(half(acc[0]), half(acc[1]));
+            let h23 = _mm256_hadd_ps(half(acc[2]), half(acc[3]));
+            let h = _mm256_hadd_ps(h01, h23);
+            let sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+            _mm_storeu_ps(s.as_mut_ptr().add(j), _mm_mul_ps(sum, vs));
+            j += 4;
+        }
+        while j < keys.len() {
+            let mut acc = _mm512_setzero_ps();
+            for (i, q) in qr.iter().enumerate() {
+                acc = _mm512_fmadd_ps(*q, _mm512_loadu_ps(keys[j].as_ptr().add(16 * i)), acc);
+            }
+            s[j] = _mm512_reduce_add_ps(acc) * scale;
+            j += 1;
+        }
+    }
+}
+
+/// [`weighted_sum_regs`](super::avx2::weighted_sum_regs) with `acc` in `V` 16-lane registers.
+///
+/// # Safety
+/// As for [`weighted_sum_regs`](super::avx2::weighted_sum_regs) with `16·V` floats, and
+/// AVX-512 F is enabled too.
+#[inline(always)]
+unsafe fn weighted_sum_regs512<const V: usize>(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+    // SAFETY: as in `weighted_sum_regs`, with `16·V` floats per row; AVX-512 F is enabled by the
+    // caller.
+    unsafe {
+        let mut a = [_mm512_setzero_ps(); V];
+        for (i, r) in a.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(acc.as_ptr().add(16 * i));
+        }
+        for (&p, v) in p.iter().zip(vals) {
+            let vp = _mm512_set1_ps(p);
+            for (i, r) in a.iter_mut().enumerate() {
+                *r = _mm512_fmadd_ps(vp, _mm512_loadu_ps(v.as_ptr().add(16 * i)), *r);
+            }
+        }
+        for (i, r) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * i), *r);
+        }
+    }
+}
+
+/// A key or value row as the group kernels read it, sixteen floats at a time: f32 rows as they
+/// are, f16 rows converted as they are loaded (`vcvtph2ps`, exact), so that one kernel serves
+/// both with the same arithmetic.
+trait Lanes16 {
+    /// Values `16·i..16·i + 16` of the row.
+    ///
+    /// # Safety
+    /// The row holds them; AVX-512 F (and F16C, which every caller enables with it) are enabled.
+    unsafe fn lanes16(&self, i: usize) -> __m512;
+}
+
+impl Lanes16 for &[f32] {
+    #[inline(always)]
+    unsafe fn lanes16(&self, i: usize) -> __m512 {
+        // SAFETY: the caller's contract: floats `16i..16i + 16` are in the row.
+        unsafe { _mm512_loadu_ps(self.as_ptr().add(16 * i)) }
+    }
+}
+
+impl Lanes16 for &[u8] {
+    #[inline(always)]
+    unsafe fn lanes16(&self, i: usize) -> __m512 {
+        // SAFETY: the caller's contract: halves `16i..16i + 16`, bytes `32i..32i + 32`, are in
+        // the row.
+        unsafe {
+            _mm512_cvtph_ps(_mm256_loadu_si256(
+                self.as_ptr().add(32 * i) as *const __m256i
+            ))
+        }
+    }
+}
+
+/// [`scores_regs512`] for the `G` query vectors of `q` (side by side, `16·V` floats each)
+/// against the same keys, f32 or f16 rows ([`Lanes16`]): each key's `V` registers are loaded
+/// once and used by every query.
+/// Query `g`'s scores go to `s[g·stride..]`, the bits `scores_regs512` gives it alone (the
+/// same multiply-adds and sums, in the same order).
+///
+/// # Safety
+/// As for [`scores_regs512`]; `q` holds `G·16·V` floats and `s` at least
+/// `(G - 1)·stride + keys.len()`.
+#[inline(always)]
+unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
+    q: &[f32],
+    keys: &[K],
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    assert!(q.len() >= G * 16 * V && s.len() >= (G - 1) * stride + keys.len());
+    // SAFETY: the loads read `16·V` values of every key row (the caller's contract) and of each
+    // query (asserted above); every store is at `g·stride + j` with `j + 4 <= keys.len()` or
+    // `j < keys.len()`, inside `s` (asserted). AVX-512 F, AVX2 and FMA are enabled by the caller.
+    unsafe {
+        let mut qr = [[_mm512_setzero_ps(); V]; G];
+        for (g, qg) in qr.iter_mut().enumerate() {
+            for (i, r) in qg.iter_mut().enumerate() {
+                *r = _mm512_loadu_ps(q.as_ptr().add(16 * (g * V + i)));
+            }
+        }
+        let half = |v: __m512| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            )
+        };
+        let vs = _mm_set1_ps(scale);
+        let out = s.as_mut_ptr();
+        let mut j = 0;
+        while j + 4 <= keys.len() {
+            let k = [&keys[j], &keys[j + 1], &keys[j + 2], &keys[j + 3]];
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
+            for i in 0..V {
+                for (kk, kp) in k.iter().enumerate() {
+                    let kv = kp.lanes16(i);
+                    for (a, qg) in acc.iter_mut().zip(&qr) {
+                        a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
+                    }
+                }
+            }
+            for (g, a) in acc.iter().enumerate() {
+                let h01 = _mm256_hadd_ps(half(a[0]), half(a[1]));
+                let h23 = _mm256_hadd_ps(half(a[2]), half(a[3]));
+                let h = _mm256_hadd_ps(h01, h23);
+                let sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                _mm_storeu_ps(out.add(g * stride + j), _mm_mul_ps(sum, vs));
+            }
+            j += 4;
+        }
+        while j < keys.len() {
+            for (g, qg) in qr.iter().enumerate() {
+                let mut acc = _mm512_setzero_ps();
+                for (i, q) in qg.iter().enumerate() {
+                    acc = _mm512_fmadd_ps(*q, keys[j].lanes16(i), acc);
+                }
+                *out.add(g * stride + j) = _mm512_reduce_add_ps(acc) * scale;
+            }
+            j += 1;
+        }
+    }
+}
+
+/// [`weighted_sum_regs512`] for the `G` accumulators of `acc` (side by side, `16·V` floats
+/// each) over the same value rows, f32 or f16 ([`Lanes16`]): each row's `V` registers are
+/// loaded once and used by every accumulator. Accumulator `g` takes the weights `p[g·stride..]` and gets the bits
+/// `weighted_sum_regs512` gives it alone.
+///
+/// # Safety
+/// As for [`weighted_sum_regs512`]; `acc` holds `G·16·V` floats and `p` at least
+/// `(G - 1)·stride + vals.len()`.
+#[inline(always)]
+unsafe fn weighted_sum_heads512<const V: usize, const G: usize, R: Lanes16>(
+    acc: &mut [f32],
+    p: &[f32],
+    stride: usize,
+    vals: &[R],
+) {
+    assert!(acc.len() >= G * 16 * V && p.len() >= (G - 1) * stride + vals.len());
+    // SAFETY: the loads and stores of `acc` stay inside its `G·16·V` floats (asserted), the
+    // weight at `g·stride + j` with `j < vals.len()` inside `p` (asserted), and the loads of
+    // each value row read `16·V` values (the caller's contract). AVX-512 F is enabled by the
+    // caller.
+    unsafe {
+        let mut a = [[_mm512_setzero_ps(); V]; G];
+        for (g, ag) in a.iter_mut().enumerate() {
+            for (i, r) in ag.iter_mut().enumerate() {
+                *r = _mm512_loadu_ps(acc.as_ptr().add(16 * (g * V + i)));
+            }
+        }
+        for (j, v) in vals.iter().enumerate() {
+            let mut vr = [_mm512_setzero_ps(); V];
+            for (i, r) in vr.iter_mut().enumerate() {
+                *r = v.lanes16(i);
+            }
+            for (g, ag) in a.iter_mut().enumerate() {
+                let vp = _mm512_set1_ps(*p.get_unchecked(g * stride + j));
+                for (r, x) in ag.iter_mut().zip(&vr) {
+                    *r = _mm512_fmadd_ps(vp, *x, *r);
+                }
+            }
+        }
+        for (g, ag) in a.iter().enumerate() {
+            for (i, r) in ag.iter().enumerate() {
+                _mm512_storeu_ps(acc.as_mut_ptr().add(16 * (g * V + i)), *r);
+            }
+        }
+    }
+}
+
+/// The heads `0..g` of `hd` values in the runs the group kernels take: threes of 64 values
+/// (twelve query registers), twos of 128 (sixteen), the rest one run shorter; `None` for any
+/// other head size.
+#[inline(always)]
+fn head_runs(hd: usize, g: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
+    let most = match hd {
+        64 => 3,
+        128 => 2,
+        _ => return None,
+    };
+    Some((0..g).step_by(most).map(move |h| h..(h + most).min(g)))
+}
+
+/// [`scores_heads512`] over any number of heads of 64 or 128 values: in threes (64: twelve
+/// query registers) or twos (128: sixteen), the rest in one smaller call. `false`, having done
+/// nothing, for any other head size.
+///
+/// # Safety
+/// As for [`scores_heads512`], with `hd`-value rows.
+#[inline(always)]
+unsafe fn scores_heads_any<K: Lanes16>(
+    q: &[f32],
+    hd: usize,
+    keys: &[K],
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) -> bool {
+    let Some(runs) = head_runs(hd, q.len() / hd) else {
+        return false;
+    };
+    for h in runs {
+        let (q, s) = (&q[h.start * hd..h.end * hd], &mut s[h.start * stride..]);
+        // SAFETY: the caller's contract; the kernels check `q` and `s` themselves.
+        unsafe {
+            match (hd, h.len()) {
+                (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
+                (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
+                (64, _) => scores_heads512::<4, 1, _>(q, keys, scale, s, stride),
+                (_, 2) => scores_heads512::<8, 2, _>(q, keys, scale, s, stride),
+                _ => scores_heads512::<8, 1, _>(q, keys, scale, s, stride),
+            }
+        }
+    }
+    true
+}
+
+/// [`weighted_sum_heads512`] over any number of heads of 64 or 128 values, grouped as
+/// [`scores_heads_any`] groups them; `false`, having done nothing, for any other head size.
+///
+/// # Safety
+/// As for [`weighted_sum_heads512`], with `hd`-value rows.
+#[inline(always)]
+unsafe fn weighted_sum_heads_any<R: Lanes16>(
+    acc: &mut [f32],
+    hd: usize,
+    p: &[f32],
+    stride: usize,
+    vals: &[R],
+) -> bool {
+    let Some(runs) = head_runs(hd, acc.len() / hd) else {
+        return false;
+    };
+    for h in runs {
+        let (a, p) = (&mut acc[h.start * hd..h.end * hd], &p[h.start * stride..]);
+        // SAFETY: the caller's contract; the kernels check `a` and `p` themselves.
+        unsafe {
+            match (hd, h.len()) {
+                (64, 3) => weighted_sum_heads512::<4, 3, _>(a, p, stride, vals),
+                (64, 2) => weighted_sum_heads512::<4, 2, _>(a, p, stride, vals),
+                (64, _) => weighted_sum_heads512::<4, 1, _>(a, p, stride, vals),
+                (_, 2) => weighted_sum_heads512::<8, 2, _>(a, p, stride, vals),
+                _ => weighted_sum_heads512::<8, 1, _>(a, p, stride, vals),
+            }
+        }
+    }
+    true
+}
+
+impl F32Simd for Avx512 {
+    #[inline(always)]
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: `Avx2` needs AVX2 and FMA, which every caller of `Avx512` enables with AVX-512 F.
+        unsafe { Avx2::dot(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::axpy(y, a, x) }
+    }
+    #[inline(always)]
+    unsafe fn scale(y: &mut [f32], a: f32) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::scale(y, a) }
+    }
+    #[inline(always)]
+    unsafe fn max(x: &[f32]) -> f32 {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::max(x) }
+    }
+    #[inline(always)]
+    unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::exp_sum(x, m) }
+    }
+    #[inline(always)]
+    unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::silu_mul(g, u) }
+    }
+    #[inline(always)]
+    unsafe fn sum_squares(x: &[f32]) -> f32 {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::sum_squares(x) }
+    }
+    #[inline(always)]
+    unsafe fn scale_mul(x: &[f32], s: f32, w: &[f32], out: &mut [f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::scale_mul(x, s, w, out) }
+    }
+    #[inline(always)]
+    unsafe fn add(x: &mut [f32], y: &[f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::add(x, y) }
+    }
+    #[inline(always)]
+    unsafe fn f16_to_f32(x: &[u8], out: &mut [f32]) {
+        // SAFETY: as in `dot`, with the F16C every caller enables too.
+        unsafe { Avx2::f16_to_f32(x, out) }
+    }
+    #[inline(always)]
+    unsafe fn q8_0_to_f32(x: &[u8], out: &mut [f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { Avx2::q8_0_to_f32(x, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
+        assert!(s.len() >= keys.len());
+        debug_assert!(keys.iter().all(|k| k.len() == q.len()));
+        // SAFETY: as in `Avx2::scores`, with the `16·V` floats of the AVX-512 register kernels;
+        // AVX-512 F is enabled by the caller.
+        unsafe {
+            match q.len() {
+                64 => scores_regs512::<4>(q, keys, scale, s),
+                128 => scores_regs512::<8>(q, keys, scale, s),
+                _ => Avx2::scores(q, keys, scale, s),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_sum(acc: &mut [f32], p: &[f32], vals: &[&[f32]]) {
+        assert!(p.len() >= vals.len());
+        debug_assert!(vals.iter().all(|v| v.len() == acc.len()));
+        // SAFETY: as in `Avx2::weighted_sum`, with the `16·V` floats of the AVX-512 register
+        // kernels; AVX-512 F is enabled by the caller.
+        unsafe {
+            match acc.len() {
+                64 => weighted_sum_regs512::<4>(acc, p, vals),
+                128 => weighted_sum_regs512::<8>(acc, p, vals),
+                _ => Avx2::weighted_sum(acc, p, vals),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scores_heads(
+        q: &[f32],
+        hd: usize,
+        keys: &[&[f32]],
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        debug_assert!(keys.iter().all(|k| k.len() == hd));
+        // SAFETY: for 64 and 128 values a key row holds the `16·V` floats the group kernels read
+        // (`scores_heads`' contract), and they check `q` and `s` themselves; otherwise each
+        // query goes through `scores`, as the trait's default does. AVX-512 F is enabled by the
+        // caller.
+        unsafe {
+            if !scores_heads_any(q, hd, keys, scale, s, stride) {
+                crate::simd::scores_heads_rows::<Self>(q, hd, keys, scale, s, stride);
+            }
+        }
+    }
+
+    fn heads_f16(hd: usize, _group: usize) -> bool {
+        hd == 64 || hd == 128
+    }
+    #[inline(always)]
+    unsafe fn scores_heads_f16(
+        q: &[f32],
+        hd: usize,
+        keys: &[&[u8]],
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        debug_assert!(keys.iter().all(|k| k.len() == 2 * hd));
+        // SAFETY: for 64 and 128 values a key row holds the `32·V` bytes the group kernels read
+        // (this method's contract), and they check `q` and `s` themselves; any other shape goes
+        // a row at a time, as the trait's default does. AVX-512 F and F16C are enabled by the
+        // caller.
+        unsafe {
+            if !scores_heads_any(q, hd, keys, scale, s, stride) {
+                crate::simd::scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride);
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn weighted_sum_heads_f16(
+        acc: &mut [f32],
+        hd: usize,
+        p: &[f32],
+        stride: usize,
+        vals: &[&[u8]],
+    ) {
+        debug_assert!(vals.iter().all(|v| v.len() == 2 * hd));
+        // SAFETY: as in `scores_heads_f16`, for the value rows; the group kernels check `acc`
+        // and `p` themselves.
+        unsafe {
+            if !weighted_sum_heads_any(acc, hd, p, stride, vals) {
+                crate::simd::weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals);
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn weighted_sum_heads(
+        acc: &mut [f32],
+        hd: usize,
+        p: &[f32],
+        stride: usize,
+        vals: &[&[f32]],
+    ) {
+        debug_assert!(vals.iter().all(|v| v.len() == hd));
+        // SAFETY: as in `scores_heads`, for the value rows; the group kernels check `acc` and
+        // `p` themselves.
+        unsafe {
+            if !weighted_sum_heads_any(acc, hd, p, stride, vals) {
+                crate::simd::weighted_sum_heads_rows::<Self>(acc, hd, p, stride, vals);
+            }
+        }
+    }
+}

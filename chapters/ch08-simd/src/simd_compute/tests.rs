@@ -1,0 +1,182 @@
+//! Unit tests of [`SimdCompute`](super::SimdCompute): stores that break `KvView`'s promise are
+//! refused, every instruction set reads f16 and q8_0 caches as chapter 3's reference does, and a
+//! query's result does not depend on its batch or the threads.
+
+use super::*;
+use crate::pool::SpinPool;
+use ch01::config::RopeStyle;
+use ch03::{KvRows, TokenPos};
+
+/// A KV store that breaks `KvView`'s promise: its runs of keys and values are empty.
+struct EmptyRuns;
+
+impl KvView for EmptyRuns {
+    fn key_run(&self, _pos: usize, _max: usize) -> KvRows<'_> {
+        KvRows::F32(&[])
+    }
+    fn value_run(&self, _pos: usize, _max: usize) -> KvRows<'_> {
+        KvRows::F32(&[])
+    }
+}
+
+fn attention() -> Attention {
+    Attention {
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 64,
+        rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 64),
+        window: None,
+        kq_scale: Attention::standard_scale(64),
+    }
+}
+
+/// The fastest kernels this CPU has: the ones that read whole rows through pointers.
+fn compute() -> SimdCompute {
+    SimdCompute::new(&KernelSet::best(), Arc::new(SpinPool::new(1)))
+}
+
+#[test]
+#[should_panic(expected = "less than one row")]
+fn a_store_returning_no_rows_is_refused_before_any_kernel_reads() {
+    let a = attention();
+    let tokens = TokenPos::run(0, 0, 3);
+    let q = vec![1.0; 3 * a.q_dim()];
+    let mut out = vec![0.0; 3 * a.q_dim()];
+    compute().attend(&a, &q, &tokens, &EmptyRuns, &mut out);
+}
+
+#[test]
+#[should_panic(expected = "need that many queries and outputs")]
+fn a_short_output_is_refused() {
+    let a = attention();
+    let tokens = TokenPos::run(0, 0, 3);
+    let q = vec![1.0; 3 * a.q_dim()];
+    let mut out = vec![0.0; 2 * a.q_dim()];
+    compute().attend(&a, &q, &tokens, &EmptyRuns, &mut out);
+}
+
+/// Keys and values of `n` positions, pseudo-random, one KV head of 64.
+struct Store(Vec<f32>, Vec<f32>);
+
+impl Store {
+    fn new(n: usize) -> Store {
+        let mut x = 1u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        };
+        Store(
+            (0..n * 64).map(|_| next()).collect(),
+            (0..n * 64).map(|_| next()).collect(),
+        )
+    }
+}
+
+impl KvView for Store {
+    fn key_run(&self, pos: usize, _max: usize) -> KvRows<'_> {
+        KvRows::F32(&self.0[pos * 64..(pos + 1) * 64])
+    }
+    fn value_run(&self, pos: usize, _max: usize) -> KvRows<'_> {
+        KvRows::F32(&self.1[pos * 64..(pos + 1) * 64])
+    }
+}
+
+/// Attention over an f16 or q8_0 cache: every instruction set's kernels (which decode a
+/// tile at a time) give what chapter 3's scalar reference gives (which decodes a piece at
+/// a time), to f32 rounding.
+#[test]
+fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
+    use ch03::{AttentionOps, KvStore, Scalar};
+    use ch05::{CacheTypes, ContiguousCache, Overflow, RowType};
+    use ch06::cache::ROW_Q8_0;
+    // Attention outputs are averages of values of magnitude ~2: summation order moves
+    // them by a few f32 roundings of that.
+    const CLOSE: f32 = 1e-5;
+    let a = Attention {
+        rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
+        ..attention()
+    };
+    let n = 300;
+    let rows = Store::new(n);
+    let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect();
+    for t in [RowType::F16, ROW_Q8_0] {
+        let types = CacheTypes { k: t, v: t };
+        let mut kv = ContiguousCache::try_typed(1, 64, n, Overflow::Error, types).unwrap();
+        kv.reserve(0, 0..n).unwrap();
+        for p in 0..n {
+            let (k, v) = (&rows.0[p * 64..][..64], &rows.1[p * 64..][..64]);
+            kv.store(0, 0, p, k, v);
+        }
+        let view = kv.view(0, 0);
+        let tokens = TokenPos::run(0, n - 40, 40);
+        let q = &q[(n - 40) * a.q_dim()..n * a.q_dim()];
+        let mut want = vec![0.0; 40 * a.q_dim()];
+        Scalar.attend(&a, q, &tokens, &view, &mut want);
+        for isa in [F32Isa::Portable, F32Isa::Avx2, F32Isa::Avx512] {
+            if !isa.is_available() {
+                continue;
+            }
+            let c = SimdCompute::with_isa(isa, Arc::new(SpinPool::new(2)));
+            let mut got = vec![0.0; want.len()];
+            c.attend(&a, q, &tokens, &view, &mut got);
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    (w - g).abs() <= CLOSE,
+                    "{t} cache, {isa:?}, value {i}: {w} vs {g}"
+                );
+            }
+        }
+    }
+}
+
+/// A query's attention is the same bits whether it comes alone (a decode step) or among
+/// others (a prompt chunk of any length), on one thread or several: the key segments are
+/// fixed positions. A server relies on it for a request to answer the same in any batch.
+#[test]
+fn a_querys_result_does_not_depend_on_its_batch_or_the_threads() {
+    let a = Attention {
+        rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
+        ..attention()
+    };
+    let (n, qd) = (700, a.q_dim());
+    let kv = Store::new(n);
+    let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect(); // (n, 2 heads, 64)
+    let run = |threads: usize, rows: std::ops::Range<usize>| {
+        let c = SimdCompute::new(&KernelSet::best(), Arc::new(SpinPool::new(threads)));
+        let mut out = vec![0.0; rows.len() * qd];
+        let tokens = TokenPos::run(0, rows.start, rows.len());
+        c.attend(
+            &a,
+            &q[rows.start * qd..rows.end * qd],
+            &tokens,
+            &kv,
+            &mut out,
+        );
+        out
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let chunk = run(2, 600..700);
+    for (i, row) in [(0, 600), (50, 650), (99, 699)] {
+        let alone = run(1, row..row + 1);
+        assert_eq!(
+            bits(&alone),
+            bits(&run(2, row..row + 1)),
+            "row {row}: threads"
+        );
+        assert_eq!(
+            bits(&alone),
+            bits(&chunk[i * qd..(i + 1) * qd]),
+            "row {row}: batch"
+        );
+    }
+}
+
+#[test]
+fn rms_norm_writes_only_the_rows_both_sides_hold() {
+    let (x, w) = (vec![2.0; 3 * 8], vec![1.0; 8]);
+    let mut out = vec![0.0; 2 * 8];
+    compute().rms_norm(&x, &w, 0.0, &mut out);
+    assert!(out.iter().all(|&v| (v - 1.0).abs() < 1e-6), "{out:?}");
+}

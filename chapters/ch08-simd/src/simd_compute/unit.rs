@@ -1,0 +1,274 @@
+//! One unit of attention work: the query heads of one KV head, for a block of query rows,
+//! against one range of keys, taken a tile of [`KEY_TILE`] keys at a time with an online
+//! softmax. The unit writes its rows of the output, or its partial `(m, l, acc)` when the keys
+//! were split and the results are merged afterwards (`plan.rs`).
+
+use super::gather::{gather, gather_f16, prefetch_kv};
+use super::{KEY_TILE, Out};
+use crate::simd::F32Simd;
+use ch01::GgmlType;
+use ch03::{Attention, KvRows, KvView, TokenPos};
+use std::ops::Range;
+
+// ANCHOR: attend_job
+/// What every unit of one attention call shares.
+pub(super) struct AttendJob<'a> {
+    pub(super) attn: &'a Attention,
+    pub(super) q: &'a [f32], // (n, n_head, head_dim)
+    pub(super) tokens: &'a [TokenPos],
+    pub(super) kv: &'a dyn KvView,
+    pub(super) first: usize, // first position the store holds
+}
+
+/// The buffers of a unit, reused from call to call: one per thread of the pool.
+#[derive(Default)]
+pub(super) struct Tile {
+    s: Vec<f32>,              // (n_qv, KEY_TILE): scores, then weights, of one tile
+    m: Vec<f32>,              // (n_qv): running maximum
+    l: Vec<f32>,              // (n_qv): running sum of weights
+    acc: Vec<f32>,            // (n_qv, head_dim): running weighted sum of values
+    vis: Vec<(usize, usize)>, // (rows): the keys each row sees, within the unit's range
+    kdec: Vec<f32>,           // (KEY_TILE, head_dim): a tile's keys, decoded from an f16/q8_0 cache
+    vdec: Vec<f32>,           // (KEY_TILE, head_dim): its values, likewise
+}
+// ANCHOR_END: attend_job
+
+impl Tile {
+    /// Capacity for units of up to `nq` query vectors of `hd` values and `rows` rows, so that
+    /// the unit itself never allocates.
+    pub(super) fn reserve(&mut self, nq: usize, hd: usize, rows: usize) {
+        fn at_least<T>(v: &mut Vec<T>, n: usize) {
+            v.reserve(n.saturating_sub(v.len()));
+        }
+        at_least(&mut self.s, nq * KEY_TILE);
+        at_least(&mut self.m, nq);
+        at_least(&mut self.l, nq);
+        at_least(&mut self.acc, nq * hd);
+        at_least(&mut self.vis, rows);
+        at_least(&mut self.kdec, KEY_TILE * hd);
+        at_least(&mut self.vdec, KEY_TILE * hd);
+    }
+}
+
+/// Where a unit writes: the final output rows, or its partial `(m, l, acc)` for a merge.
+#[derive(Clone, Copy)]
+pub(super) enum Dest {
+    /// `out`, `(n, n_head, head_dim)`.
+    Out(Out),
+    /// This split's part of the partials, `(n, n_head, 2 + head_dim)`.
+    Partial(Out),
+}
+
+// ANCHOR: attend_unit
+/// One unit: query heads `kvh·group..(kvh+1)·group` of rows `rows`, against keys `keys`.
+///
+/// # Safety
+/// `S`'s instructions are available; `dst` is valid for this unit's rows and heads, which no
+/// other unit writes.
+#[inline(always)]
+pub(super) unsafe fn attend_unit<S: F32Simd>(
+    j: &AttendJob,
+    kvh: usize,
+    rows: Range<usize>,
+    keys: Range<usize>,
+    t: &mut Tile,
+    dst: Dest,
+) {
+    let a = j.attn;
+    let (hd, group, qd, kvd) = (a.head_dim, a.n_head / a.n_head_kv, a.q_dim(), a.kv_dim());
+    let scale = a.kq_scale;
+    let (nr, nq) = (rows.len(), rows.len() * group); // query vectors: row-major, heads inner
+    t.s.resize(nq * KEY_TILE, 0.0);
+    t.m.clear();
+    t.m.resize(nq, f32::NEG_INFINITY);
+    t.l.clear();
+    t.l.resize(nq, 0.0);
+    t.acc.clear();
+    t.acc.resize(nq * hd, 0.0);
+    t.vis.clear();
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for tok in &j.tokens[rows.clone()] {
+        let v = a.visible(tok.pos, j.first);
+        let (vlo, vhi) = (v.start.max(keys.start), v.end.min(keys.end));
+        t.vis.push((vlo, vhi.max(vlo)));
+        if vlo < vhi {
+            (lo, hi) = (lo.min(vlo), hi.max(vhi));
+        }
+    }
+    // Row `r`'s query vectors of this KV head's group, side by side: `(group, head_dim)`.
+    let q_group = |r: usize| {
+        let at = (rows.start + r) * qd + kvh * group * hd;
+        &j.q[at..at + group * hd]
+    };
+    // Where a tile of an f16 or q8_0 cache is decoded: taken out of the tile for the loop (so
+    // the rows can borrow it while the rest of the tile is written) and put back after.
+    let (mut kdec, mut vdec) = (std::mem::take(&mut t.kdec), std::mem::take(&mut t.vdec));
+    kdec.resize(KEY_TILE * hd, 0.0);
+    vdec.resize(KEY_TILE * hd, 0.0);
+    // ANCHOR_END: attend_unit
+
+    // ANCHOR: attend_tile
+    // Ask for the keys and values ahead of use, two tiles ahead: a decode step reads every
+    // sequence's cache once, rows of one KV head a few lines apart, which the hardware does
+    // not guess soon enough. Into L2 (`prefetcht1`): L1 keeps the decoded tile. The unit's
+    // first two tiles were asked for before it began (`ahead` in `attend_plans`).
+    let head = kvh * hd..(kvh + 1) * hd;
+    let ahead = |keys: Range<usize>| prefetch_kv(j.kv, keys, head.clone(), kvd);
+    // An f16 cache is read in place where the kernels convert its rows as they load them
+    // (AVX-512, 64- and 128-value heads): no decoded copy of the tile to write and read back.
+    let f16 = |r: KvRows| {
+        matches!(
+            r,
+            KvRows::Encoded {
+                ty: GgmlType::F16,
+                ..
+            }
+        )
+    };
+    let in_place = lo < hi
+        && S::heads_f16(hd, group)
+        && f16(j.kv.key_run(lo, 1))
+        && f16(j.kv.value_run(lo, 1));
+    let mut j0 = lo;
+    while j0 < hi {
+        let j1 = (j0 + KEY_TILE).min(hi);
+        ahead((j1 + KEY_TILE).min(hi)..(j1 + 2 * KEY_TILE).min(hi));
+        // The key and value rows of the tile, this KV head's part of each: read in place from
+        // an f32 cache (or an f16 one, above), decoded once for the whole group of query
+        // vectors from any other.
+        let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+        let mut vrows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+        let mut khalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE];
+        let mut vhalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE];
+        // ANCHOR_END: attend_tile
+        // ANCHOR: attend_gather
+        if in_place {
+            gather_f16(
+                j0,
+                j1,
+                head.clone(),
+                kvd,
+                |p, m| j.kv.key_run(p, m),
+                &mut khalf,
+            );
+            gather_f16(
+                j0,
+                j1,
+                head.clone(),
+                kvd,
+                |p, m| j.kv.value_run(p, m),
+                &mut vhalf,
+            );
+        } else {
+            // SAFETY: `S`'s instructions are enabled (this function's contract).
+            unsafe {
+                gather::<S>(
+                    j0,
+                    j1,
+                    kvh * hd..(kvh + 1) * hd,
+                    kvd,
+                    |p, m| j.kv.key_run(p, m),
+                    &mut kdec,
+                    &mut krows,
+                );
+                gather::<S>(
+                    j0,
+                    j1,
+                    kvh * hd..(kvh + 1) * hd,
+                    kvd,
+                    |p, m| j.kv.value_run(p, m),
+                    &mut vdec,
+                    &mut vrows,
+                );
+            }
+        }
+        // ANCHOR_END: attend_gather
+        // ANCHOR: attend_softmax
+        for r in 0..nr {
+            // The keys of the tile this row sees, as indices into the tile.
+            let (vlo, vhi) = t.vis[r];
+            let (a, b) = (vlo.clamp(j0, j1) - j0, vhi.clamp(j0, j1) - j0);
+            if a >= b {
+                continue; // this row sees none of the tile's keys
+            }
+            // The row's query vectors of this KV head's group: side by side in `q`, their
+            // scores `KEY_TILE` apart in `t.s`, their accumulators side by side in `t.acc`.
+            let s0 = r * group * KEY_TILE;
+            // Scores for all of them, each key read once for the group.
+            let (q, s) = (q_group(r), &mut t.s[s0 + a..]);
+            // SAFETY: `S`'s instructions are enabled (this function's contract); the gathers
+            // filled rows `a..b` of the tile with `hd`-value rows of the keys, as the kernels
+            // need, and `t.s` holds `KEY_TILE` scores for every query vector of the unit.
+            unsafe {
+                match in_place {
+                    true => S::scores_heads_f16(q, hd, &khalf[a..b], scale, s, KEY_TILE),
+                    false => S::scores_heads(q, hd, &krows[a..b], scale, s, KEY_TILE),
+                }
+            };
+            // ANCHOR_END: attend_softmax
+            // ANCHOR: attend_weights
+            for g in 0..group {
+                // The online softmax: rescale what was accumulated if the maximum grew, and
+                // turn this tile's scores into weights.
+                let qv = r * group + g;
+                let s = &mut t.s[qv * KEY_TILE + a..qv * KEY_TILE + b];
+                // SAFETY: `S`'s instructions are enabled; `max` reads only inside its slice.
+                let tile_max = unsafe { S::max(s) };
+                let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
+                let m_new = t.m[qv].max(tile_max);
+                if m_new > t.m[qv] {
+                    let corr = (t.m[qv] - m_new).exp(); // 0 on the first tile: m = -inf
+                    t.l[qv] *= corr;
+                    // SAFETY: `S`'s instructions are enabled; `scale` writes only inside its slice.
+                    unsafe { S::scale(acc, corr) };
+                    t.m[qv] = m_new;
+                }
+                // SAFETY: `S`'s instructions are enabled; `exp_sum` stays inside its slice.
+                t.l[qv] += unsafe { S::exp_sum(s, m_new) };
+            }
+            // The weighted values, each value row read once for the group.
+            let acc = &mut t.acc[r * group * hd..(r + 1) * group * hd];
+            let p = &t.s[s0 + a..];
+            // SAFETY: `S`'s instructions are enabled; `acc` holds `hd` values for each of the
+            // group's query vectors and the gathers filled rows `a..b` of the tile with
+            // `hd`-value rows of the values, as the kernels need.
+            unsafe {
+                match in_place {
+                    true => S::weighted_sum_heads_f16(acc, hd, p, KEY_TILE, &vhalf[a..b]),
+                    false => S::weighted_sum_heads(acc, hd, p, KEY_TILE, &vrows[a..b]),
+                }
+            };
+        }
+        j0 = j1;
+    }
+    (t.kdec, t.vdec) = (kdec, vdec);
+    // ANCHOR_END: attend_weights
+
+    // ANCHOR: attend_finish
+    for r in 0..nr {
+        for g in 0..group {
+            let (qv, h) = (r * group + g, kvh * group + g);
+            let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
+            let i = rows.start + r;
+            match dst {
+                Dest::Out(out) => {
+                    let inv = if t.l[qv] > 0.0 { 1.0 / t.l[qv] } else { 0.0 };
+                    // SAFETY: `S`'s instructions are enabled; `scale` writes only inside its slice.
+                    unsafe { S::scale(acc, inv) };
+                    // SAFETY: row i < n and head h < n_head are inside `out` (`dst`'s contract),
+                    // and this unit is the only one to write them.
+                    unsafe { out.slice(i * qd + h * hd, hd) }.copy_from_slice(acc);
+                }
+                Dest::Partial(part) => {
+                    let w = 2 + hd;
+                    // SAFETY: as above, in this split's part of the partials.
+                    let o = unsafe { part.slice((i * a.n_head + h) * w, w) };
+                    o[0] = t.m[qv];
+                    o[1] = t.l[qv];
+                    o[2..].copy_from_slice(acc);
+                }
+            }
+        }
+    }
+}
+// ANCHOR_END: attend_finish

@@ -1,0 +1,109 @@
+//! The seams through which a later chapter changes what a request may ask for: the output
+//! forms it may take ([`Formats`], chapter 15) and who guesses its next tokens ([`Guessing`],
+//! chapter 16) — each with this chapter's own, which asks for nothing — and the flag that
+//! tells their work a request was given up ([`Cancel`]).
+
+use super::ApiError;
+use ch04::MakeRule;
+use ch07::Proposer;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+// ANCHOR: cancel
+/// Set when the request it belongs to is given up — its client disconnected, its time ran
+/// out, or the server is shutting down — so that work done for it on another thread can stop
+/// early instead of finishing for nobody. Cloning shares the flag.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Give the request up.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the request has been given up.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+// ANCHOR_END: cancel
+
+// ANCHOR: formats
+/// What a request may ask of its output's form — OpenAI's `response_format`, llama-server's
+/// `grammar` — turned into a rule of the sampler ([`MakeRule`]). The server holds one value
+/// of this ([`ServeArgs::formats`](crate::ServeArgs::formats)): this chapter's [`TextOnly`],
+/// or a richer one that a later chapter hands in.
+pub trait Formats: Send + Sync + std::fmt::Debug {
+    /// The rule for a request with these fields (`None` where absent); `Ok(None)` for plain
+    /// text; a 400 naming the field for what cannot be done. The server calls it on a
+    /// blocking thread, the request holding its place; work that can take long looks at
+    /// `cancel` now and then and gives up once it is set (the client left, or the request's
+    /// time ran out).
+    fn rule(
+        &self,
+        response_format: Option<&RawValue>,
+        grammar: Option<&Value>,
+        cancel: &Cancel,
+    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError>;
+
+    /// Get ready for the model's vocabulary, once, when the server loads it (before any request
+    /// waits for it). Plain text needs nothing.
+    fn prepare(&self, _tokenizer: &ch02::Tokenizer) {}
+}
+
+/// Plain text only: `response_format` `{"type": "text"}` (what clients send by default), no
+/// `grammar`; anything else is refused by name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TextOnly;
+
+impl Formats for TextOnly {
+    fn rule(
+        &self,
+        response_format: Option<&RawValue>,
+        grammar: Option<&Value>,
+        _: &Cancel,
+    ) -> Result<Option<Arc<dyn MakeRule>>, ApiError> {
+        let format: Option<Value> =
+            response_format.and_then(|r| serde_json::from_str(r.get()).ok());
+        if format.is_some_and(|v| !v.is_null() && v != json!({"type": "text"})) {
+            return Err(ApiError::invalid(
+                "response_format",
+                "`response_format` is not supported \
+                 (this server accepts only {\"type\": \"text\"})",
+            ));
+        }
+        if grammar.is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid(
+                "grammar",
+                "`grammar` is not supported (this server generates plain text)",
+            ));
+        }
+        Ok(None)
+    }
+}
+// ANCHOR_END: formats
+
+// ANCHOR: guessing
+/// Who guesses a request's next tokens for chapter 7's scheduler to check ([`Proposer`]). The
+/// server holds one value of this ([`ServeArgs::guessing`](crate::ServeArgs::guessing)): this
+/// chapter's [`NoGuessing`], or one that a later chapter hands in. Guesses never change what a
+/// request generates, only how many steps it takes.
+pub trait Guessing: Send + Sync + std::fmt::Debug {
+    /// A proposer for a request whose `speculative.n_max` and `speculative.n_min` are `n_max`
+    /// and `n_min` (`None` where absent): `None` for no guessing.
+    fn proposer(&self, n_max: Option<u64>, n_min: Option<u64>) -> Option<Box<dyn Proposer + Send>>;
+}
+
+/// Guesses nothing: every request decodes a token a step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoGuessing;
+
+impl Guessing for NoGuessing {
+    fn proposer(&self, _: Option<u64>, _: Option<u64>) -> Option<Box<dyn Proposer + Send>> {
+        None
+    }
+}
+// ANCHOR_END: guessing

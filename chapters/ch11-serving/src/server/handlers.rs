@@ -1,0 +1,234 @@
+//! The endpoints: `/health`, `/v1/models`, and the two that generate,
+//! `/v1/chat/completions` and `/v1/completions`, which read and check a request, take its
+//! place, tokenize its prompt, and hand it to [`generate`](super::generate::generate).
+
+use super::generate::{Generate, generate};
+use super::place::Place;
+use super::{AppState, Loaded, Preparing, RequestLabel, Tenant};
+use crate::api::{ApiError, Cancel, ChatRequest, CompletionRequest, Endpoint, Prompt};
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use ch02::Message;
+use ch10::Engine;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Instant;
+
+// Only for the documentation's links:
+#[cfg(doc)]
+use super::max_text_bytes;
+
+/// `GET /health`: 200 `{"status": "ok", …}` once the model is loaded, with the scheduler's
+/// state; 503 `{"status": "loading"}` before.
+pub(super) async fn health(State(s): State<Arc<AppState>>) -> Response {
+    match s.loaded.get() {
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "loading"})),
+        )
+            .into_response(),
+        Some(l) if !l.worker.is_alive() => {
+            ApiError::internal("the engine thread has stopped").into_response()
+        }
+        Some(l) => {
+            let mut v = json!({"status": "ok", "in_flight": s.in_flight()});
+            v["scheduler"] = serde_json::to_value(l.worker.status()).unwrap_or(Value::Null);
+            axum::Json(v).into_response()
+        }
+    }
+}
+
+/// `GET /v1/models`: the one model.
+pub(super) async fn models(State(s): State<Arc<AppState>>) -> Response {
+    match model_card(&s) {
+        None => ApiError::loading().into_response(),
+        Some(card) => axum::Json(json!({"object": "list", "data": [card]})).into_response(),
+    }
+}
+
+/// The model's entry in `/v1/models`; `None` while it loads.
+pub fn model_card(s: &AppState) -> Option<Value> {
+    let l = s.loaded.get()?;
+    let c = &l.engine.model.config;
+    Some(json!({
+        "id": l.model_id,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "llm-rs",
+        "meta": {
+            "n_ctx": l.n_ctx,
+            "n_ctx_train": c.context_length,
+            "n_vocab": c.vocab_size,
+            "n_layer": c.n_layer,
+            "parallel": l.parallel,
+        },
+    }))
+}
+
+/// The body, read and parsed: 413 over the limit, 400 for anything else.
+async fn parse<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    body: Body,
+) -> Result<(T, Bytes), ApiError> {
+    let limit = s.body_limit();
+    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if is_length_limit(&e) {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::invalid("body", e.to_string())
+        }
+    })?;
+    let parsed = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_json(&e))?;
+    Ok((parsed, bytes))
+}
+
+/// Whether reading a body failed because it passed the limit.
+pub fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Refuse a prompt of `bytes` bytes of text that cannot fit the context (see
+/// [`max_text_bytes`]), before tokenizing it.
+fn check_text_bytes(l: &Loaded, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+    match l.max_text_bytes {
+        Some(max) if bytes > max => Err(ApiError::too_long_text(param, bytes, max, l.n_ctx)),
+        _ => Ok(()),
+    }
+}
+
+fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
+    match asked {
+        Some(m) if !m.is_empty() && m != l.model_id => Err(ApiError::unknown_model(m, &l.model_id)),
+        _ => Ok(()),
+    }
+}
+
+// ANCHOR: chat
+/// `POST /v1/chat/completions`.
+pub(super) async fn chat(
+    State(s): State<Arc<AppState>>,
+    label: Option<Extension<RequestLabel>>,
+    tenant: Option<Extension<Tenant>>,
+    turn: Option<Extension<Preparing>>,
+    body: Body,
+) -> Response {
+    let run = async {
+        let deadline = Instant::now() + s.limits.timeout;
+        let l = s.loaded.get().ok_or_else(ApiError::loading)?;
+        // Reading, parsing and tokenizing take turns (`Limits::preparing`).
+        let turn = match turn {
+            Some(Extension(t)) => t,
+            None => s.preparing().await,
+        };
+        let (req, body): (ChatRequest, _) = parse(&s, body).await?;
+        check_model(l, req.sampling.model.as_deref())?;
+        let (mut params, asked) = req.sampling.params()?;
+        let messages = req.messages()?;
+        check_text_bytes(
+            l,
+            "messages",
+            messages.iter().map(|m| m.content.len()).sum(),
+        )?;
+        if l.engine.template.is_none() {
+            return Err(ApiError::invalid(
+                "messages",
+                "the model file has no chat template; use /v1/completions",
+            ));
+        }
+        // From here on the request holds a place: what is done for it counts.
+        let place = Place::take(&s, l)?;
+        // Rendering and tokenizing a long conversation takes milliseconds: off the runtime.
+        let engine = Arc::clone(&l.engine);
+        let prompt = place
+            .prepare(deadline, None, move |_| encode_chat(&engine, &messages))
+            .await?;
+        turn.done();
+        // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
+        let form = place.form(&s, l, body, &req.sampling, deadline).await?;
+        params.rule = form.or(params.rule.take());
+        let mut request =
+            Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
+        request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
+        request.proposer = l.guessing.proposer(
+            req.sampling.speculative_n_max(),
+            req.sampling.speculative_n_min(),
+        );
+        generate(&s, l, request, place, deadline).await
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+// ANCHOR_END: chat
+
+/// The conversation's token ids: the template's markers as control tokens, the messages'
+/// content as text (chapter 2's special-token rule).
+fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
+    let template = engine.template.as_ref().expect("checked by the caller");
+    template
+        .encode(&engine.tokenizer, messages, true)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// `POST /v1/completions`. The prompt is the client's whole text, as in llama-server: special
+/// tokens written in it are parsed (there is no template whose markers to protect).
+pub(super) async fn completions(
+    State(s): State<Arc<AppState>>,
+    label: Option<Extension<RequestLabel>>,
+    tenant: Option<Extension<Tenant>>,
+    turn: Option<Extension<Preparing>>,
+    body: Body,
+) -> Response {
+    let run = async {
+        let deadline = Instant::now() + s.limits.timeout;
+        let l = s.loaded.get().ok_or_else(ApiError::loading)?;
+        let turn = match turn {
+            Some(Extension(t)) => t,
+            None => s.preparing().await,
+        };
+        let (req, body): (CompletionRequest, _) = parse(&s, body).await?;
+        check_model(l, req.sampling.model.as_deref())?;
+        let (mut params, asked) = req.sampling.params()?;
+        let prompt = req.prompt()?;
+        if let Prompt::Text(text) = &prompt {
+            check_text_bytes(l, "prompt", text.len())?;
+        }
+        let place = Place::take(&s, l)?;
+        let prompt = match prompt {
+            Prompt::Tokens(ids) => ids,
+            Prompt::Text(text) => {
+                let engine = Arc::clone(&l.engine);
+                let tokenize = move |_: &Cancel| Ok(engine.tokenizer.encode(&text, true, true));
+                place.prepare(deadline, None, tokenize).await?
+            }
+            Prompt::Texts(_) => unreachable!("prompt() returns one text"),
+        };
+        turn.done();
+        // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
+        let form = place.form(&s, l, body, &req.sampling, deadline).await?;
+        params.rule = form.or(params.rule.take());
+        // Token ids outside the vocabulary are refused by the scheduler's `submit` (a 400).
+        let mut request = Generate::new(
+            Endpoint::Completions,
+            label,
+            prompt,
+            params,
+            asked,
+            &req.sampling,
+        );
+        request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
+        request.proposer = l.guessing.proposer(
+            req.sampling.speculative_n_max(),
+            req.sampling.speculative_n_min(),
+        );
+        generate(&s, l, request, place, deadline).await
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}

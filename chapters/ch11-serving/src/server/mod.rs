@@ -1,0 +1,104 @@
+//! The HTTP side: axum routes, admission control, and the bridge from the engine thread's
+//! events to JSON responses and Server-Sent Events.
+//!
+//! The life of a request: parse and check the body (400s), turn messages into token ids on a
+//! blocking thread (chapter 2's template and tokenizer, content taken literally), take a place
+//! in the bounded queue or answer 503, hand the job to the engine thread, wait for `Accepted`,
+//! then either collect the text into one response or stream it as it comes. The place is
+//! given back, and the request cancelled if it is still running, when the handler or its
+//! stream is dropped — which is what happens when a client disconnects.
+//!
+//! One file for each part: `state.rs` the state every handler shares and the server's limits,
+//! `admit.rs` what is refused from the headers alone, `handlers.rs` the endpoints, `place.rs` a
+//! request's place in the queue and the work done for it before it runs, `generate.rs` running
+//! it and answering in one response, `stream.rs` answering as a stream of Server-Sent Events.
+
+mod admit;
+mod generate;
+mod handlers;
+mod place;
+mod state;
+mod stream;
+
+pub use admit::declared_length;
+pub use handlers::{is_length_limit, model_card};
+pub use state::{
+    AppState, Limits, Loaded, Preparing, RequestLabel, Tenant, body_limit_for, max_text_bytes,
+};
+
+use crate::api::ApiError;
+use admit::admit;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use handlers::{chat, completions, health, models};
+use std::sync::Arc;
+
+// ANCHOR: router
+/// The routes: OpenAI's, llama-server's `/health`, and OpenAI errors for everything else.
+pub fn router(state: Arc<AppState>) -> Router {
+    finish(routes().route("/health", get(health)), state)
+}
+
+/// OpenAI's routes, without a state yet: [`router`] adds `/health`; chapter 12 adds its own.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+}
+
+/// `routes` made a server: OpenAI errors for unknown paths and methods, the body limit, and
+/// a 500 for a panic in a handler.
+pub fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    let limit = state.limits.body_limit;
+    routes
+        .fallback(fallback)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            admit,
+        ))
+        // A panic in a handler is a 500 for that request; the server goes on.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::internal("the request failed inside the server").into_response()
+            },
+        ))
+        .with_state(state)
+}
+// ANCHOR_END: router
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+async fn fallback(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::wrong_method(method.as_str(), uri.path())
+}
+
+/// `axum::serve` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
