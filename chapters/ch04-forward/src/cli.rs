@@ -9,7 +9,7 @@
 //!
 //! The loop itself — one prompt, or a conversation with `--chat` — the llama.cpp-style timing
 //! lines and the JSON report are [`drive`]'s, the same in every chapter. Parsing the flags is
-//! not: it is the programs' job (the workspace's `flags` crate, with clap), so that this
+//! not: it is the programs' job (the examples' `generate_flags`, with clap), so that this
 //! library, and every chapter built on it, can be used without a command line.
 
 use crate::generate::{GenParams, Generation, Session, StopReason, generate};
@@ -48,7 +48,7 @@ pub fn default_threads() -> usize {
 /// What a run of the command line is asked to do: the settings behind chapter 4's flags
 /// (`--model`, the prompt, `-n`, the sampler, `--threads`, `--ctx`, `--chat`, `--system`,
 /// `--stop`, `--json`, `--ignore-eos`). The flags themselves — their names, help and parsing — belong to the
-/// programs (the `flags` crate), not to this library; [`Args::default`] is what they default to.
+/// programs (the `generate` example's `examples/common/generate_flags.rs`), not to this library; [`Args::default`] is what they default to.
 #[derive(Debug, Clone)]
 pub struct Args {
     /// GGUF model file (`None`: the default model, fetched on first use).
