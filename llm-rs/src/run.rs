@@ -1,25 +1,28 @@
 //! `llm-rs run` and `llm-rs chat`: complete a prompt, or hold a conversation, with every
-//! chapter's part in place. The flags are parsed once, into the settings of each part in
-//! turn, read from top to bottom:
+//! chapter's part in place. The flags are parsed once; [`run`] turns them into each part's
+//! settings and [`run_engine`] runs the parts, both read from top to bottom:
 //!
-//! 1. chapter 4's generation (the prompt, sampling, `--json`): [`ch04::cli::Args`];
-//! 2. chapter 15's grammar, if any, as the generation's rule;
-//! 3. chapter 10's engine (loading, the KV cache), with chapter 17's way of opening a path:
+//! 1. chapter 4's generation (the prompt, sampling, `--json`): [`ch04::cli::Args`], with
+//!    chapter 15's grammar, if any, as its rule;
+//! 2. chapter 10's engine (loading, the KV cache), with chapter 17's way of opening a path:
 //!    [`EngineArgs`];
-//! 4. chapter 14's memory budget in front: [`RunArgs`];
-//! 5. chapter 16's speculation around the run: [`SpecArgs`], and [`ch16::runner::run`].
+//! 3. chapter 14's memory budget, before anything loads;
+//! 4. the model loaded (chapter 10), a runner — chapter 10's over chapter 7's scheduler, or
+//!    chapter 16's that guesses — and chapter 4's command line driving it.
 
 use crate::common::ModelFlags;
 use ch04::cli::Args;
+use ch04::cli::Runner;
 use ch04::{Architectures, IgnoreEos, MakeRule};
-use ch10::engine::EngineArgs;
+use ch10::Scheduled;
+use ch10::engine::{self, EngineArgs};
 use ch10::mapped::PageAdvice;
-use ch14::run::RunArgs;
 use ch15::{Constraint, Source, compile};
-use ch16::runner::{DRAFT_MAX, SpecArgs, SpecKind};
+use ch16::runner::{self, DRAFT_MAX, SpecKind, SpecRunner};
 use clap::ValueEnum;
 use clap::error::ErrorKind;
-use std::path::PathBuf;
+use std::error::Error;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Run a GGUF model or a Hugging Face directory: complete a prompt, or chat (--chat);
@@ -231,25 +234,65 @@ pub fn run(subcommand: &str, flags: Flags, archs: Architectures) {
         cache: flags.model.cache(),
         files: Arc::new(flags.model.files()),
     };
-    // Chapter 14: the memory budget in front; chapter 16: guesses checked in one pass.
-    let args = SpecArgs {
-        run: RunArgs {
-            engine,
-            mem_budget: flags.mem_budget,
-        },
-        spec: match flags.spec {
-            Spec::None => SpecKind::None,
-            Spec::Ngram => SpecKind::Ngram,
-            Spec::Draft => SpecKind::Draft,
-        },
-        draft_model: flags.draft_model,
-        draft_max: flags.draft_max,
+    let spec = match flags.spec {
+        Spec::None => SpecKind::None,
+        Spec::Ngram => SpecKind::Ngram,
+        Spec::Draft => SpecKind::Draft,
     };
-    if let Err(e) = ch16::runner::run(&args) {
+    let draft = (flags.draft_model.as_deref(), flags.draft_max);
+    if let Err(e) = run_engine(&engine, flags.mem_budget, spec, draft) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
+
+// ANCHOR: run_engine
+/// Run the engine `e` describes: chapter 14's budget first (with `mem_budget`, only that),
+/// then the model loaded and chapter 4's command line over a runner — chapter 16's, guessing
+/// as `spec` and `(draft model, most guesses per pass)` say, or chapter 10's.
+fn run_engine(
+    e: &EngineArgs,
+    mem_budget: bool,
+    spec: SpecKind,
+    (draft_model, draft_max): (Option<&Path>, usize),
+) -> Result<(), Box<dyn Error>> {
+    runner::check(spec, e.gpu, draft_model, draft_max)?;
+    // Chapter 14: what the run will hold, from the file's header; refused if it cannot fit.
+    if !ch14::run::plan(e, mem_budget)? {
+        return Ok(());
+    }
+    // Chapter 9: on a GPU, one sequence at a time, chapter 10's own path.
+    if e.gpu {
+        return engine::run(e);
+    }
+    // Chapter 10: the file mapped, the matrices chapter 8's; a draft model on the same
+    // threads.
+    let fast = e.fast_loader();
+    let (target, t0) = engine::load(e, fast.clone())?;
+    let draft = match draft_model {
+        Some(path) => Some(runner::open_draft(e, path, fast)?),
+        None => None,
+    };
+    // Chapter 16's runner guesses and checks; without --spec, chapter 10's runs every
+    // prompt through chapter 7's scheduler.
+    let mut runner: Box<dyn Runner + '_> = match spec {
+        SpecKind::None => Box::new(Scheduled::with_cache(
+            &target,
+            target.model.n_ctx(),
+            1,
+            e.cache,
+        )?),
+        kind => {
+            let proposer = runner::proposer(&target, draft.as_ref())?;
+            let mut r = SpecRunner::new(&target, proposer, kind, draft_max, e.cache)?;
+            r.announce = !e.generation.json;
+            Box::new(r)
+        }
+    };
+    // Chapter 4: one prompt, or a conversation.
+    engine::drive(e, &target, t0, &mut *runner)
+}
+// ANCHOR_END: run_engine
 
 /// The rule `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file` asks for
 /// (at most one is given), compiled; an error names the flag and what is wrong.

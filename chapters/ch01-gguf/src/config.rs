@@ -51,6 +51,12 @@ pub struct Config {
     pub rms_norm_eps: f32,
     /// The output projection reuses the token embedding matrix (no `output.weight` tensor).
     pub tied_embeddings: bool,
+    /// The factor on a query·key score before the softmax (`{arch}.attention.scale`, as
+    /// llama.cpp's llama reads it); `None`, the usual case, is `1/√head_dim`.
+    pub attention_scale: Option<f32>,
+    /// The cap `c` of the output logits, each made `c·tanh(logit/c)`, where an architecture has
+    /// one: no key of llama's, so `None` here; an architecture's loader sets it from its own.
+    pub final_logit_softcapping: Option<f32>,
 }
 // ANCHOR_END: config
 
@@ -288,6 +294,10 @@ impl Config {
             |e| e > 0.0 && e < 1.0,
         )?;
         let tied_embeddings = gguf.tensor("output.weight").is_none();
+        let attention_scale = match gguf.get(&k.key("attention.scale")) {
+            None => None,
+            Some(_) => Some(k.f32("attention.scale", None, "positive", |s| s > 0.0)?),
+        };
 
         Ok(Config {
             arch: arch.to_string(),
@@ -306,6 +316,8 @@ impl Config {
             rope_style: RopeStyle::Normal,
             rms_norm_eps,
             tied_embeddings,
+            attention_scale,
+            final_logit_softcapping: None,
         })
     }
     // ANCHOR_END: read_floats

@@ -52,6 +52,8 @@ fn optional_keys_take_llama_cpp_defaults() {
             rope_style: RopeStyle::Normal,
             rms_norm_eps: 1e-6,
             tied_embeddings: true,
+            attention_scale: None,
+            final_logit_softcapping: None,
         }
     );
     assert_eq!((c.n_group(), c.kv_dim()), (1, 64));
@@ -70,6 +72,7 @@ fn explicit_keys_override_the_defaults() {
         .kv("llama.rope.scaling.factor", Value::F32(4.0))
         .kv("llama.rope.scaling.original_context_length", Value::U32(64))
         .kv("llama.rope.scaling.attn_factor", Value::F32(1.25))
+        .kv("llama.attention.scale", Value::F32(0.125))
         .tensor(
             "output.weight",
             &[64, 3],
@@ -88,6 +91,7 @@ fn explicit_keys_override_the_defaults() {
         })
     );
     assert_eq!(c.rope_attn_factor, 1.25);
+    assert_eq!(c.attention_scale, Some(0.125));
     assert!(!c.tied_embeddings);
     assert_eq!((c.n_group(), c.kv_dim()), (2, 64));
 }
@@ -196,6 +200,8 @@ fn float_values_outside_their_domain_name_key_and_value() {
         ("llama.rope.freq_base", -10000.0),
         ("llama.rope.scaling.factor", f32::NAN),
         ("llama.rope.scaling.factor", -4.0),
+        ("llama.attention.scale", 0.0),
+        ("llama.attention.scale", f32::NAN),
     ] {
         let mut b = minimal();
         b.kvs.retain(|(k, _)| k != key);

@@ -82,7 +82,7 @@ pub struct Attention {
     /// Sliding-window attention: a query sees at most this many positions, itself included.
     pub window: Option<usize>,
     /// The factor on every score `q · k`: `1/√head_dim` ([`Attention::standard_scale`]) unless
-    /// a model family says otherwise.
+    /// the configuration says otherwise ([`Config::attention_scale`]).
     pub kq_scale: f32,
 }
 
@@ -157,7 +157,9 @@ impl Attention {
             head_dim: cfg.head_dim,
             rope,
             window: None,
-            kq_scale: Attention::standard_scale(cfg.head_dim),
+            kq_scale: cfg
+                .attention_scale
+                .unwrap_or_else(|| Attention::standard_scale(cfg.head_dim)),
         }
     }
 
@@ -196,7 +198,7 @@ impl Attention {
         // ANCHOR: yours_attend
         let (hd, kvd) = (self.head_dim, self.kv_dim());
         let group = self.n_head / self.n_head_kv; // query heads per KV head
-        let scale = self.kq_scale; // 1/√head_dim
+        let scale = self.kq_scale; // 1/√head_dim, unless the file says otherwise
         let n = visible.len();
         out.fill(0.0);
         for h in 0..self.n_head {

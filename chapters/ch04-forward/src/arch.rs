@@ -51,24 +51,12 @@ pub trait Blocks: Any + Send + Sync {
         s: &mut Scratch,
     );
 
-    /// The run's context is now `n_ctx` positions, and `attention` (the model's) has a RoPE
-    /// table of that size: rebuild whatever else depends on it, or adjust `attention` if these
-    /// blocks use it differently. Also called once when the model is assembled. Nothing by
-    /// default.
-    fn set_context(
-        &mut self,
-        config: &Config,
-        n_ctx: usize,
-        attention: &mut Attention,
-    ) -> Result<(), LoadError> {
-        let _ = (config, n_ctx, attention);
+    /// The run's context is now `n_ctx` positions, and the model's attention has a RoPE
+    /// table of that size: rebuild whatever else of the blocks' own depends on it (a second
+    /// table, say). Also called once when the model is assembled. Nothing by default.
+    fn set_context(&mut self, config: &Config, n_ctx: usize) -> Result<(), LoadError> {
+        let _ = (config, n_ctx);
         Ok(())
-    }
-
-    /// Change the logits `(n_out, vocab)` after the output projection (a soft cap, say);
-    /// nothing by default.
-    fn finish_logits(&self, logits: &mut [f32]) {
-        let _ = logits;
     }
 
     /// The weights' types, for diagnostics, e.g. `"Q4_1"`.

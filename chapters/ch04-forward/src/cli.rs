@@ -201,7 +201,7 @@ pub trait Runner {
     ) -> Result<Generation, Box<dyn Error>>;
 
     /// Add this chapter's fields to the `--json` report.
-    fn report(&self, _json: &mut Map<String, Value>) {}
+    fn report(&self, _report: &mut Report) {}
 }
 
 /// Chapters 4–8's runner: chapter 4's [`generate`] loop over a fresh [`Session`] from
@@ -385,7 +385,9 @@ pub fn drive(
         }
         if args.json {
             let mut report = json_report(&g, &totals, t0.elapsed());
-            runner.report(&mut report);
+            let mut own = Report::default();
+            runner.report(&mut own);
+            report.extend(own.to_json());
             println!("{}", Value::Object(report));
             return Ok(());
         }
@@ -570,7 +572,7 @@ impl Totals {
 
 /// The `--json` report of one generation: ids, text, why it stopped, and timings in
 /// milliseconds (`total_ms` from the start of loading). Runners add their own fields.
-pub fn json_report(g: &Generation, t: &Totals, total: Duration) -> Map<String, Value> {
+fn json_report(g: &Generation, t: &Totals, total: Duration) -> Map<String, Value> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let stop = g.stop.name();
     let Value::Object(map) = json!({
@@ -591,6 +593,95 @@ pub fn json_report(g: &Generation, t: &Totals, total: Duration) -> Map<String, V
         unreachable!("json! of an object literal is an object")
     };
     map
+}
+
+/// Fields a [`Runner`] adds to the `--json` report, in order: a name and a value each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub fields: Vec<(String, Field)>,
+}
+
+/// A value of the `--json` report: a number, text, a switch, nothing, or fields of its own.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Field {
+    Null,
+    Bool(bool),
+    Int(u64),
+    Float(f64),
+    Text(String),
+    Fields(Report),
+}
+
+impl Report {
+    /// Add the field `name`.
+    pub fn add(&mut self, name: &str, value: impl Into<Field>) -> &mut Report {
+        self.fields.push((name.to_string(), value.into()));
+        self
+    }
+}
+
+impl From<bool> for Field {
+    fn from(v: bool) -> Field {
+        Field::Bool(v)
+    }
+}
+impl From<u64> for Field {
+    fn from(v: u64) -> Field {
+        Field::Int(v)
+    }
+}
+impl From<usize> for Field {
+    fn from(v: usize) -> Field {
+        Field::Int(v as u64)
+    }
+}
+impl From<f64> for Field {
+    fn from(v: f64) -> Field {
+        Field::Float(v)
+    }
+}
+impl From<&str> for Field {
+    fn from(v: &str) -> Field {
+        Field::Text(v.to_string())
+    }
+}
+impl From<String> for Field {
+    fn from(v: String) -> Field {
+        Field::Text(v)
+    }
+}
+impl From<Report> for Field {
+    fn from(v: Report) -> Field {
+        Field::Fields(v)
+    }
+}
+impl<T: Into<Field>> From<Option<T>> for Field {
+    fn from(v: Option<T>) -> Field {
+        v.map_or(Field::Null, Into::into)
+    }
+}
+
+impl Field {
+    /// As JSON; a number that is not finite is `null`, as JSON has no such number.
+    fn to_json(&self) -> Value {
+        match self {
+            Field::Null => Value::Null,
+            Field::Bool(b) => Value::Bool(*b),
+            Field::Int(n) => Value::from(*n),
+            Field::Float(x) => Value::from(*x),
+            Field::Text(s) => Value::String(s.clone()),
+            Field::Fields(r) => Value::Object(r.to_json()),
+        }
+    }
+}
+
+impl Report {
+    fn to_json(&self) -> Map<String, Value> {
+        self.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_json()))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@
 //! - [`generate`]: one step of generation ([`Generator`]: sample, stream the text through
 //!   chapter 2's streaming detokenizer, stop on end-of-generation tokens, stop strings or a
 //!   token limit) and the loop that runs it over a [`Session`].
+//! - [`by_hand`]: one token through llama with every seam inlined, in reading order: the
+//!   forward pass in one function, checked against [`Model::forward`] and llama.cpp.
 //! - [`cli`]: the command line every later chapter's engine keeps: flags, one prompt or a
 //!   conversation, timings and `--json`, with seams for each chapter's loading and running.
 //!
@@ -30,6 +32,7 @@
 
 pub mod arch;
 pub mod batch;
+pub mod by_hand;
 pub mod cli;
 pub mod compute;
 pub mod generate;

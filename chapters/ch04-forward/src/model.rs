@@ -279,8 +279,8 @@ impl Model {
         // RoPE table is sized by them and by the run's context, not by the file's claim.
         let n_ctx = config.default_context();
         check_context(&config, n_ctx).map_err(|e| LoadError::Other(e.to_string()))?;
-        let mut attention = Attention::load(file, &config, n_ctx)?;
-        blocks.set_context(&config, n_ctx, &mut attention)?;
+        let attention = Attention::load(file, &config, n_ctx)?;
+        blocks.set_context(&config, n_ctx)?;
         Ok(Model {
             config,
             attention,
@@ -329,7 +329,7 @@ impl Model {
         if n_ctx != self.n_ctx() {
             self.attention.rope.resize(n_ctx);
             self.blocks
-                .set_context(&self.config, n_ctx, &mut self.attention)
+                .set_context(&self.config, n_ctx)
                 .expect("the configuration was accepted when the model loaded");
         }
         Ok(())
@@ -480,7 +480,9 @@ impl Model {
         );
         s.logits.resize(n_out * cfg.vocab_size, 0.0); // (n_out, vocab)
         self.output().matmul(&s.normed, &mut s.logits);
-        self.blocks.finish_logits(&mut s.logits);
+        if let Some(cap) = cfg.final_logit_softcapping {
+            softcap(&mut s.logits, cap);
+        }
         // A NaN in the residual stream must reach the logits, where generation looks for it
         // (`NonFinite`); a quantized product could hide it, since quantizing activations to
         // Q8 turns NaN into 0. Checking d_model values per row costs nothing next to the
@@ -503,9 +505,33 @@ impl Model {
     // ANCHOR_END: output
 }
 
+/// Each of `logits` made `cap·tanh(logit/cap)`: close to itself while small against `cap`,
+/// never past `±cap` ([`Config::final_logit_softcapping`]).
+pub fn softcap(logits: &mut [f32], cap: f32) {
+    logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ForwardError;
+    use super::{ForwardError, softcap};
+
+    /// The cap keeps a small logit (nearly) as it is, bounds a large one by the cap, and keeps
+    /// the order of any two: greedy picks the same token.
+    #[test]
+    fn a_soft_cap_bounds_large_logits_and_keeps_their_order() {
+        let mut l = [0.0, 0.5, -0.5, 30.0, -30.0, 1000.0, 29.0];
+        softcap(&mut l, 30.0);
+        assert_eq!(l[0], 0.0);
+        assert!(
+            (l[1] - 0.5).abs() < 1e-3 && (l[2] + 0.5).abs() < 1e-3,
+            "{l:?}"
+        );
+        assert!((l[3] - 30.0 * 1f32.tanh()).abs() < 1e-4, "{l:?}");
+        assert!(
+            l[5] <= 30.0 && l[5] > l[3] && l[3] > l[6] && l[4] == -l[3],
+            "{l:?}"
+        );
+    }
 
     #[test]
     fn the_first_token_outside_the_vocabulary_is_named() {

@@ -7,6 +7,7 @@
 use ch01::GgufFile;
 use ch02::Tokenizer;
 use ch03::{DenseLoader, Recorder};
+use ch04::by_hand::logits_by_hand;
 use ch04::sampling::argmax;
 use ch04::{Batch, GenParams, Model, SamplerParams, StopReason, Uncached, generate};
 use std::sync::OnceLock;
@@ -20,6 +21,11 @@ const LOGITS_TOL: Tolerance = Tolerance::new(1e-4, 1e-4);
 /// Logits of every position are stored as f16 (see `reduced_precision` in the manifest): the
 /// f32 tolerance plus f16's rounding, at most 2^-11 of the value.
 const LOGITS_F16_TOL: Tolerance = Tolerance::new(LOGITS_TOL.abs, LOGITS_TOL.rel + 1.0 / 2048.0);
+
+/// The forward pass written out by hand against the real one: the same arithmetic in another
+/// order (one token at a time, sums in other groupings), so only rounding apart — the f32
+/// logits' own tolerance, which allows 4x the 2.4e-5 seen against llama.cpp.
+const BY_HAND_TOL: Tolerance = LOGITS_TOL;
 
 fn model() -> &'static (Model, Tokenizer) {
     static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
@@ -120,6 +126,37 @@ fn every_layer_and_the_logits_match_llama_cpp() {
             worst.1,
             r.max_abs,
             r32.max_abs
+        );
+    }
+}
+
+/// One token through the model in one function (`ch04::by_hand`, the page's listing) gives
+/// the real forward pass's logits, and llama.cpp's.
+#[test]
+fn the_forward_pass_written_out_gives_the_same_logits() {
+    let (model, _) = model();
+    let vocab = model.config.vocab_size;
+    for (id, ids) in prompts() {
+        let by_hand = logits_by_hand(model, &ids).unwrap_or_else(|e| panic!("{e}"));
+        let real = model.logits_at_every_position(&ids).unwrap();
+        let real_last = &real[(ids.len() - 1) * vocab..];
+        assert_close(
+            &format!("{id}: by hand against Model::forward"),
+            &[vocab],
+            &by_hand,
+            real_last,
+            BY_HAND_TOL,
+        );
+        let llama_cpp = TensorFile::open(&format!("prompts/{id}.decode.safetensors"))
+            .unwrap()
+            .f32("logits_full")
+            .unwrap();
+        assert_close(
+            &format!("{id}: by hand against llama.cpp"),
+            &[vocab],
+            &by_hand,
+            &llama_cpp.data[..vocab],
+            LOGITS_TOL,
         );
     }
 }

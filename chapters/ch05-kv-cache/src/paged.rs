@@ -233,7 +233,8 @@ impl PagedCache {
     /// position `n - 1`; nothing is copied. A block other sequences share only loses this
     /// sequence's reference, and if the new last block is shared, the next write to it copies
     /// it first ([`reserve`](KvStore::reserve)'s copy-on-write), so what they read never
-    /// changes: how guesses that turned out wrong are taken back.
+    /// changes: one sequence goes back to an earlier position (to generate again from there)
+    /// without touching the others.
     pub fn truncate(&mut self, seq: usize, n: usize) {
         let bs = self.block_size;
         if let Some(t) = self.tables.get_mut(seq).and_then(|t| t.as_mut()) {

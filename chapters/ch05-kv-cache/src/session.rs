@@ -33,8 +33,8 @@ impl<K: KvStore> Cached<'_, K> {
     /// Logits `(n_rows, vocab)` of the last `n_rows` of `tokens`, each row predicting the token
     /// after its own: [`Session::next_logits`] is the case `n_rows == 1`. The last `n_new` of
     /// `tokens` are new (`1 <= n_rows <= n_new`, and `n_rows <= chunk`, so that the rows are
-    /// computed in one batch). Several rows check several guessed tokens in one pass over the
-    /// weights.
+    /// computed in one batch). Several rows give the prediction after each of several new
+    /// tokens from one pass over the weights.
     pub fn last_logits(
         &mut self,
         tokens: &[u32],

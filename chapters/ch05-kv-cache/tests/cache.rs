@@ -271,17 +271,16 @@ fn sliding_window_cache_equals_windowed_attention() {
 }
 
 /// Several rows of logits in one call equal the rows one call each would give, and a rewound
-/// session recomputes exactly what it computed before: what checking guessed tokens needs
-/// (chapter 16).
+/// session recomputes exactly what it computed before.
 #[test]
 fn last_rows_in_one_call_and_rewinding_change_nothing() {
     let (_, prompt, generated) = reference();
     let model = model();
-    let guess = &generated[..8];
+    let continuation = &generated[..8];
     let mut tokens = prompt.clone();
-    tokens.extend_from_slice(guess);
+    tokens.extend_from_slice(continuation);
 
-    // One call per token: the logits after each guessed token.
+    // One call per token: the logits after each token of the continuation.
     let mut one = Cached::contiguous(model, Some(256));
     let mut expected = Vec::new();
     for n in prompt.len()..=tokens.len() {
@@ -289,15 +288,15 @@ fn last_rows_in_one_call_and_rewinding_change_nothing() {
         expected.push(one.next_logits(&tokens[..n], n_new).unwrap().to_vec());
     }
 
-    // The prompt, then every guess in one call.
+    // The prompt, then the whole continuation in one call.
     let mut many = Cached::new(model, ContiguousCache::for_model(model, 256), 16);
     let vocab = model.config.vocab_size;
     many.next_logits(&prompt, prompt.len()).unwrap();
     let rows = many
-        .last_logits(&tokens, guess.len(), guess.len())
+        .last_logits(&tokens, continuation.len(), continuation.len())
         .unwrap()
         .to_vec();
-    assert_eq!(rows.len(), guess.len() * vocab);
+    assert_eq!(rows.len(), continuation.len() * vocab);
     for (i, want) in expected[1..].iter().enumerate() {
         assert_close(
             &format!("row {i} of one call"),
@@ -310,7 +309,7 @@ fn last_rows_in_one_call_and_rewinding_change_nothing() {
     // Rewound to before the prompt's last token, the same call gives the prompt's row too.
     many.rewind(prompt.len() - 1);
     let again = many
-        .last_logits(&tokens, guess.len() + 1, guess.len() + 1)
+        .last_logits(&tokens, continuation.len() + 1, continuation.len() + 1)
         .unwrap();
     for (i, want) in expected.iter().enumerate() {
         assert_close(

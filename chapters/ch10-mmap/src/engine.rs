@@ -10,12 +10,11 @@ use crate::mapped::{
 };
 use ch01::{Gguf, GgufFile};
 use ch02::{ChatTemplate, Tokenizer};
-use ch04::cli::{self, Args, ContextFull, Runner};
+use ch04::cli::{self, Args, ContextFull, Report, Runner};
 use ch04::{Architectures, ForwardError, GenParams, Generation, Model, StopReason};
 use ch05::CacheTypes;
 use ch07::{Finished, Request, RequestId, Scheduler, SchedulerConfig, SchedulerError, Sink};
 use ch08::{FastLoader, PoolKind, new_pool};
-use serde_json::{Map, Value, json};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -569,29 +568,29 @@ impl Runner for Scheduled<'_> {
     // ANCHOR_END: generate
 
     // ANCHOR: report
-    fn report(&self, json: &mut Map<String, Value>) {
-        report_engine(self.engine, json);
+    fn report(&self, report: &mut Report) {
+        report_engine(self.engine, report);
     }
 }
 
 /// The engine's fields of the `--json` report: how the weights were loaded, and the
 /// process's memory.
-pub fn report_engine(engine: &Engine, json: &mut Map<String, Value>) {
+pub fn report_engine(engine: &Engine, report: &mut Report) {
     let loader = match engine.mode {
         LoadMode::Map(_) => "mmap",
         LoadMode::Read => "read",
     };
-    json.insert("loader".into(), loader.into());
-    json.insert("repacked".into(), engine.repacked.into());
+    report.add("loader", loader);
+    report.add("repacked", engine.repacked);
     let memory = memory_stats().map(|m| {
-        json!({
-            "peak_rss_kib": m.peak_rss,
-            "rss_kib": m.rss,
-            "rss_anon_kib": m.rss_anon,
-            "rss_file_kib": m.rss_file,
-        })
+        let mut r = Report::default();
+        r.add("peak_rss_kib", m.peak_rss)
+            .add("rss_kib", m.rss)
+            .add("rss_anon_kib", m.rss_anon)
+            .add("rss_file_kib", m.rss_file);
+        r
     });
-    json.insert("memory".into(), memory.into());
+    report.add("memory", memory);
 }
 // ANCHOR_END: report
 
@@ -750,7 +749,7 @@ impl Runner for GpuRunner<'_> {
         )?)
     }
 
-    fn report(&self, json: &mut Map<String, Value>) {
-        json.insert("gpu".into(), self.model.gpu.describe().into());
+    fn report(&self, report: &mut Report) {
+        report.add("gpu", self.model.gpu.describe());
     }
 }

@@ -81,17 +81,14 @@ pub struct Block {
 }
 
 /// Gemma 3's blocks, and the attention of its sliding-window layers; the global layers use
-/// the model's own (with Gemma's score scale, set by [`Blocks::set_context`]).
+/// the model's own. (Both scale the scores by the configuration's `attention_scale`, which the
+/// loader sets.)
 pub struct Gemma3 {
     pub blocks: Vec<Block>,
     /// Sliding-window layers: window `n_swa`, RoPE base [`SWA_ROPE_BASE`] (or the file's).
     pub local: Attention,
-    /// The factor on the scores: `1/√head_dim` (`1/√(d_model/n_head)` for the 27B model).
-    pub kq_scale: f32,
     pub swa_rope_base: f32,
     pub n_swa: Option<usize>,
-    /// `tanh`-cap of the logits (`final_logit_softcapping`), if the file sets one.
-    pub softcap: Option<f32>,
 }
 // ANCHOR_END: weights
 
@@ -163,21 +160,17 @@ fn swa_layers(file: &GgufFile<&[u8]>, n_layer: usize) -> Result<Vec<bool>, LoadE
 
 /// The attention of the sliding-window layers for a run of `n_ctx` positions: chapter 3's,
 /// with a window and a RoPE table of their own base (never scaled: llama.cpp's
-/// `rope_freq_scale_train_swa` is 1).
-fn local_attention(
-    cfg: &Config,
-    n_ctx: usize,
-    base: f32,
-    window: Option<usize>,
-    kq_scale: f32,
-) -> Attention {
+/// `rope_freq_scale_train_swa` is 1), and the configuration's score scale.
+fn local_attention(cfg: &Config, n_ctx: usize, base: f32, window: Option<usize>) -> Attention {
     Attention {
         n_head: cfg.n_head,
         n_head_kv: cfg.n_head_kv,
         head_dim: cfg.head_dim,
         rope: RopeTable::new(cfg.rope_dim, base, 1.0, cfg.rope_style, n_ctx),
         window,
-        kq_scale,
+        kq_scale: cfg
+            .attention_scale
+            .unwrap_or_else(|| Attention::standard_scale(cfg.head_dim)),
     }
 }
 
@@ -207,14 +200,15 @@ pub fn load(
         None => vec![false; config.n_layer],
     };
     let swa_rope_base = get_f32(file, "rope.freq_base_swa")?.unwrap_or(SWA_ROPE_BASE);
-    let softcap = get_f32(file, "final_logit_softcapping")?;
-    // llama.cpp: the 27B model (62 layers) scales by 1/√(d_model / n_head), the others by
-    // 1/√head_dim (gemma_pytorch's `query_pre_attn_scalar`).
-    let kq_scale = if config.n_layer == 62 {
+    // Chapter 4's frame caps the logits, chapter 3's attention scales the scores, as the
+    // configuration says. llama.cpp: the 27B model (62 layers) scales by 1/√(d_model / n_head),
+    // the others by 1/√head_dim (gemma_pytorch's `query_pre_attn_scalar`), whatever the file.
+    config.final_logit_softcapping = get_f32(file, "final_logit_softcapping")?;
+    config.attention_scale = Some(if config.n_layer == 62 {
         1.0 / ((d / config.n_head).max(1) as f32).sqrt()
     } else {
         Attention::standard_scale(hd)
-    };
+    });
     // ANCHOR_END: load
 
     // ANCHOR: load_blocks
@@ -246,11 +240,9 @@ pub fn load(
     let gemma = Gemma3 {
         blocks,
         // Sized for the run's context by `set_context`, which the model calls once assembled.
-        local: local_attention(&config, 1, swa_rope_base, n_swa, kq_scale),
-        kq_scale,
+        local: local_attention(&config, 1, swa_rope_base, n_swa),
         swa_rope_base,
         n_swa,
-        softcap,
     };
     Ok((config, Box::new(gemma)))
 }
@@ -339,21 +331,9 @@ impl Blocks for Gemma3 {
 
     // ANCHOR: blocks_rest
 
-    fn set_context(
-        &mut self,
-        config: &Config,
-        n_ctx: usize,
-        attention: &mut Attention,
-    ) -> Result<(), LoadError> {
-        attention.kq_scale = self.kq_scale;
-        self.local = local_attention(config, n_ctx, self.swa_rope_base, self.n_swa, self.kq_scale);
+    fn set_context(&mut self, config: &Config, n_ctx: usize) -> Result<(), LoadError> {
+        self.local = local_attention(config, n_ctx, self.swa_rope_base, self.n_swa);
         Ok(())
-    }
-
-    fn finish_logits(&self, logits: &mut [f32]) {
-        if let Some(cap) = self.softcap {
-            logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
-        }
     }
 
     fn describe(&self) -> String {

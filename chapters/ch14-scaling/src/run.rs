@@ -1,19 +1,11 @@
-//! The engine of chapter 10, with a memory budget first: what the run will hold is computed
-//! from the header and printed, and a run that cannot fit is refused before anything is
-//! allocated.
+//! A memory budget before chapter 10's engine loads: what the run will hold is computed from
+//! the header and printed, and a run that cannot fit is refused before anything is allocated.
+//! (`llm-rs run` calls [`plan`] before it loads the model.)
 
 use crate::budget::{Budget, Holding, available_memory, gb};
 use ch01::Config;
-use ch10::engine::{self, EngineArgs};
+use ch10::engine::EngineArgs;
 use std::error::Error;
-
-/// Chapter 10's settings, and whether to stop after printing the budget.
-#[derive(Debug, Clone)]
-pub struct RunArgs {
-    pub engine: EngineArgs,
-    /// Print the memory budget and exit (`--mem-budget`).
-    pub mem_budget: bool,
-}
 
 /// The budget of the run `args` asks for, from the file's header alone (a map of which only
 /// the header's pages are read).
@@ -35,22 +27,13 @@ pub fn budget_of(args: &EngineArgs) -> Result<Budget, Box<dyn Error>> {
 }
 
 // ANCHOR: run
-/// Run chapter 10's engine once the budget says the run fits; with `mem_budget`, print the
-/// budget and stop.
-pub fn run(args: &RunArgs) -> Result<(), Box<dyn Error>> {
-    if plan(args)? {
-        engine::run(&args.engine)?;
-    }
-    Ok(())
-}
-
-/// The budget before a run: printed, and `false` (nothing to run), with `mem_budget`; else
-/// checked against the memory available (an error if the run cannot fit), summed up on
-/// standard error unless `--json`, and `true`.
-pub fn plan(args: &RunArgs) -> Result<bool, Box<dyn Error>> {
-    let budget = budget_of(&args.engine)?;
+/// The budget of the run `args` ask for, before it loads: printed, and `false` (nothing to
+/// run), with `mem_budget` (`--mem-budget`); else checked against the memory available (an
+/// error if the run cannot fit), summed up on standard error unless `--json`, and `true`.
+pub fn plan(args: &EngineArgs, mem_budget: bool) -> Result<bool, Box<dyn Error>> {
+    let budget = budget_of(args)?;
     let available = available_memory();
-    if args.mem_budget {
+    if mem_budget {
         print!("{budget}");
         if let Some(a) = available {
             println!("  {:<40} {:>9}", "available now", gb(a));
@@ -60,7 +43,7 @@ pub fn plan(args: &RunArgs) -> Result<bool, Box<dyn Error>> {
     if let Some(a) = available {
         budget.check(a)?;
     }
-    if !args.engine.generation.json {
+    if !args.generation.json {
         eprintln!(
             "memory: {} resident at {} positions ({} weights, {} KV cache in {})",
             gb(budget.resident()),

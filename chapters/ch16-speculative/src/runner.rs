@@ -1,17 +1,18 @@
-//! The finished engine with speculation: `llm-rs run --spec ngram` (prompt lookup) or
-//! `--spec draft --draft-model FILE`, one sequence on chapter 5's contiguous cache.
+//! The finished engine's runner with speculation: `llm-rs run --spec ngram` (prompt lookup) or
+//! `--spec draft --draft-model FILE`, one sequence on chapter 5's contiguous cache. `llm-rs
+//! run` checks the flags ([`check`]), opens the draft model ([`open_draft`]) and builds a
+//! [`SpecRunner`] with its [`proposer`].
 
 use crate::propose::{DraftLength, DraftModel, PromptLookup};
 use crate::speculate::{SpecStats, speculate};
-use ch04::cli::{ContextFull, Runner};
+use ch04::cli::{ContextFull, Report, Runner};
 use ch04::{ForwardError, GenParams, Generation};
 use ch05::{Cached, ContiguousCache};
 use ch07::Proposer;
-use ch10::engine::{self, Engine, report_engine};
-use ch14::run::{self, RunArgs};
-use serde_json::{Map, Value, json};
+use ch08::FastLoader;
+use ch10::engine::{self, Engine, EngineArgs, report_engine};
 use std::error::Error;
-use std::path::PathBuf;
+use std::path::Path;
 
 /// Who guesses: `--spec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,17 +39,6 @@ impl SpecKind {
 /// guess length adapts ([`DraftLength`]), so a long maximum costs little where guesses fail,
 /// and lets a long copy go in few passes.
 pub const DRAFT_MAX: usize = 16;
-
-/// Chapter 14's settings, and how to speculate.
-#[derive(Debug, Clone)]
-pub struct SpecArgs {
-    pub run: RunArgs,
-    pub spec: SpecKind,
-    /// The draft model's file, for [`SpecKind::Draft`].
-    pub draft_model: Option<PathBuf>,
-    /// Most guesses per pass (`--draft-max`).
-    pub draft_max: usize,
-}
 
 // ANCHOR: runner
 /// Chapter 4's [`Runner`] with guesses: [`speculate`] on a contiguous cache of the model's run
@@ -150,65 +140,66 @@ impl Runner for SpecRunner<'_> {
     }
     // ANCHOR_END: runner_generate
 
-    fn report(&self, json: &mut Map<String, Value>) {
-        report_engine(self.engine, json);
+    fn report(&self, report: &mut Report) {
+        report_engine(self.engine, report);
         let s = &self.stats;
-        json.insert(
-            "speculative".into(),
-            json!({
-                "kind": self.kind.name(),
-                "draft_max": self.draft_max,
-                "passes": s.passes,
-                "proposed": s.proposed,
-                "accepted": s.accepted,
-                "acceptance": s.acceptance(),
-                "tokens_per_pass": s.tokens_per_pass(),
-            }),
-        );
+        let mut spec = Report::default();
+        spec.add("kind", self.kind.name())
+            .add("draft_max", self.draft_max)
+            .add("passes", s.passes)
+            .add("proposed", s.proposed)
+            .add("accepted", s.accepted)
+            .add("acceptance", s.acceptance())
+            .add("tokens_per_pass", s.tokens_per_pass());
+        report.add("speculative", spec);
     }
 }
 
 // ANCHOR: run
-/// Run the finished engine as `args` say: chapter 14's budget first; without `--spec`,
-/// chapter 14's engine; with it, a [`SpecRunner`] over the model (and the draft model, which
-/// shares the model's threads).
-pub fn run(args: &SpecArgs) -> Result<(), Box<dyn Error>> {
-    if args.spec == SpecKind::None {
-        return run::run(&args.run);
-    }
-    let e = &args.run.engine;
-    if e.gpu {
-        return Err("--spec: speculation runs on the CPU; leave out --gpu".into());
-    }
-    if args.draft_max == 0 {
-        return Err("--draft-max 0: speculation needs at least one guess per pass".into());
-    }
-    let draft_path = match (args.spec, &args.draft_model) {
-        (SpecKind::Draft, None) => return Err("--spec draft needs --draft-model FILE".into()),
-        (SpecKind::Draft, Some(p)) => Some(p),
-        (_, Some(_)) => return Err("--draft-model is for --spec draft".into()),
-        (_, None) => None,
-    };
-    if !run::plan(&args.run)? {
+/// What `--spec` needs, checked before anything loads: the CPU, at least one guess per pass,
+/// and a draft model for `draft` (and only for it).
+pub fn check(
+    spec: SpecKind,
+    gpu: bool,
+    draft_model: Option<&Path>,
+    draft_max: usize,
+) -> Result<(), Box<dyn Error>> {
+    if spec == SpecKind::None {
         return Ok(());
     }
-    let fast = e.fast_loader();
-    let (target, t0) = engine::load(e, fast.clone())?;
-    let draft = match draft_path {
-        Some(p) => Some(
-            Engine::open(
-                &*e.files,
-                p,
-                e.load_mode(),
-                fast,
-                &e.archs,
-                Box::new(|_, _| {}),
-            )
-            .map_err(|err| format!("--draft-model {}: {err}", p.display()))?,
-        ),
-        None => None,
-    };
-    let proposer: Box<dyn Proposer> = match &draft {
+    if gpu {
+        return Err("--spec: speculation runs on the CPU; leave out --gpu".into());
+    }
+    if draft_max == 0 {
+        return Err("--draft-max 0: speculation needs at least one guess per pass".into());
+    }
+    match (spec, draft_model) {
+        (SpecKind::Draft, None) => Err("--spec draft needs --draft-model FILE".into()),
+        (SpecKind::Ngram, Some(_)) => Err("--draft-model is for --spec draft".into()),
+        _ => Ok(()),
+    }
+}
+
+/// The draft model at `path`, opened as the engine `e` describes opens its model, on the
+/// target's threads (`fast`).
+pub fn open_draft(e: &EngineArgs, path: &Path, fast: FastLoader) -> Result<Engine, Box<dyn Error>> {
+    Engine::open(
+        &*e.files,
+        path,
+        e.load_mode(),
+        fast,
+        &e.archs,
+        Box::new(|_, _| {}),
+    )
+    .map_err(|err| format!("--draft-model {}: {err}", path.display()).into())
+}
+
+/// Who guesses for `target`: the `draft` model if there is one, else prompt lookup.
+pub fn proposer<'e>(
+    target: &'e Engine,
+    draft: Option<&'e Engine>,
+) -> Result<Box<dyn Proposer + 'e>, Box<dyn Error>> {
+    Ok(match draft {
         Some(d) => Box::new(
             DraftModel::new(
                 &d.model,
@@ -219,9 +210,6 @@ pub fn run(args: &SpecArgs) -> Result<(), Box<dyn Error>> {
             .map_err(|err| format!("--draft-model: {err}"))?,
         ),
         None => Box::new(PromptLookup::default()),
-    };
-    let mut runner = SpecRunner::new(&target, proposer, args.spec, args.draft_max, e.cache)?;
-    runner.announce = !e.generation.json;
-    engine::drive(e, &target, t0, &mut runner)
+    })
 }
 // ANCHOR_END: run
