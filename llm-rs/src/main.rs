@@ -11,19 +11,24 @@
 //! - [`convert`]: `llm-rs convert DIR OUT.gguf [TYPE]`, a Hugging Face directory written as a
 //!   GGUF file.
 //!
-//! [`common`] declares the settings `run` and `serve` share; each subcommand's flags are
-//! declared once, in its module. `llm-rs SUBCOMMAND --help` lists them.
+//! `run` and `serve` take the command lines of chapters 10 and 12's programs (their
+//! `examples/common/` files, included here) and add what later chapters offer; [`common`]
+//! holds what both add. `llm-rs SUBCOMMAND --help` lists the flags.
 
 mod common;
 mod convert;
+/// Chapter 10's command line, which `run` extends: a module of chapter 10's `engine` example
+/// (no library holds a command line), included here as it is there.
+#[path = "../../chapters/ch10-mmap/examples/common/engine_flags.rs"]
+mod engine_flags;
 mod inspect;
+/// Chapter 12's command line, which `serve` extends, with its layering of settings (flags,
+/// then `LLM_RS_<FLAG>`, then the TOML file of `--config`): a module of chapter 12's examples,
+/// included here as it is there.
+#[path = "../../chapters/ch12-production/examples/common/production_flags.rs"]
+mod production_flags;
 mod run;
 mod serve;
-/// Chapter 12's layering of a server's settings: flags, then `LLM_RS_<FLAG>`, then the TOML
-/// file of `--config`. A module of chapter 12's programs (no library holds a command line),
-/// included here as it is there.
-#[path = "../../chapters/ch12-production/examples/common/settings.rs"]
-mod settings;
 
 use ch06::recipe::LlamaFtype;
 use clap::error::ErrorKind;
@@ -44,6 +49,12 @@ enum Command {
     /// Complete a prompt: `llm-rs run [--model PATH] "PROMPT"` (`llm-rs run --help`: the flags).
     Run(run::Flags),
     /// Chat with the model through its chat template, one message per line of standard input.
+    // `run` with --chat set: its flags, less those that --chat already settles.
+    #[command(
+        mut_arg("chat", |a| a.hide(true)),
+        mut_arg("system", |a| a.requires(clap::builder::Resettable::Reset)),
+        mut_arg("json", |a| a.hide(true))
+    )]
     Chat(run::Flags),
     /// Serve OpenAI's API over HTTP, with metrics, logs and a graceful shutdown
     /// (`llm-rs serve --help`: the flags).
@@ -99,7 +110,7 @@ fn main() {
     match Cli::parse().command {
         Command::Run(flags) => run::run("run", flags, archs),
         Command::Chat(mut flags) => {
-            flags.chat = true;
+            flags.engine.generation.chat = true;
             run::run("chat", flags, archs)
         }
         Command::Serve { args } => serve::serve(args, archs),

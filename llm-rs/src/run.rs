@@ -2,21 +2,19 @@
 //! chapter's part in place. The flags are parsed once; [`run`] turns them into each part's
 //! settings and [`run_engine`] runs the parts, both read from top to bottom:
 //!
-//! 1. chapter 4's generation (the prompt, sampling, `--json`): [`ch04::cli::Args`], with
-//!    chapter 15's grammar, if any, as its rule;
-//! 2. chapter 10's engine (loading, the KV cache), with chapter 17's way of opening a path:
-//!    [`EngineArgs`];
-//! 3. chapter 14's memory budget, before anything loads;
-//! 4. the model loaded (chapter 10), a runner — chapter 10's over chapter 7's scheduler, or
+//! 1. chapter 10's engine (loading, the KV cache) with chapter 4's generation inside it (the
+//!    prompt, sampling, `--json`), from chapter 10's command line ([`EngineArgs`]); chapter
+//!    17's way of opening a path; chapter 15's grammar, if any, as the generation's rule;
+//! 2. chapter 14's memory budget, before anything loads;
+//! 3. the model loaded (chapter 10), a runner — chapter 10's over chapter 7's scheduler, or
 //!    chapter 16's that guesses — and chapter 4's command line driving it.
 
-use crate::common::ModelFlags;
-use ch04::cli::Args;
+use crate::common::Quantize;
+use crate::engine_flags::Engine;
 use ch04::cli::Runner;
-use ch04::{Architectures, IgnoreEos, MakeRule};
+use ch04::{Architectures, MakeRule};
 use ch10::Scheduled;
 use ch10::engine::{self, EngineArgs};
-use ch10::mapped::PageAdvice;
 use ch15::{Constraint, Source, compile};
 use ch16::runner::{self, DRAFT_MAX, SpecKind, SpecRunner};
 use clap::ValueEnum;
@@ -30,68 +28,13 @@ use std::sync::Arc;
 /// output, fewer passes over the weights).
 #[derive(clap::Args, Debug, Clone)]
 pub struct Flags {
+    /// Chapter 10's command line (its `engine` example's): chapter 4's flags — model, prompt,
+    /// sampling, context size, --json — and those of loading and the KV cache.
     #[command(flatten)]
-    pub model: ModelFlags,
-
-    // Chapter 4: the prompt and its sampling.
-    /// The prompt (or give it as the last argument).
-    #[arg(long, short)]
-    pub prompt: Option<String>,
-    /// The prompt, as a positional argument.
-    #[arg(value_name = "PROMPT", conflicts_with = "prompt")]
-    pub prompt_arg: Option<String>,
-    /// Number of tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = Args::default().n)]
-    pub n: usize,
-    /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = Args::default().temp)]
-    pub temp: f32,
-    #[arg(long, default_value_t = Args::default().top_k)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = Args::default().top_p)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = Args::default().min_p)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = Args::default().repeat_penalty)]
-    pub repeat_penalty: f32,
-    /// Random seed (default: from the clock; printed so a run can be repeated).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Chat: the prompt (if any) is the first user message, then one message per line of
-    /// stdin, each answered through the model's chat template; /exit or end of input stops.
-    #[arg(long)]
-    pub chat: bool,
-    /// The system message of a --chat conversation (default: the template's own, if any).
-    #[arg(long)]
-    pub system: Option<String>,
-    /// Stop when the text contains this (repeatable).
-    #[arg(long)]
-    pub stop: Vec<String>,
-    /// Print one JSON object instead of streaming text (not with --chat).
-    #[arg(long)]
-    pub json: bool,
-    /// Never end at an end-of-generation token: generate all -n tokens (for benchmarks).
-    #[arg(long)]
-    pub ignore_eos: bool,
-
-    // Chapter 10: loading.
-    /// Read the file into memory instead of mapping it (llama.cpp's --no-mmap).
-    #[arg(long)]
-    pub no_mmap: bool,
-    /// madvise hint for the mapped file (default: will-need when the weights are repacked,
-    /// which reads every page at load; normal otherwise).
-    #[arg(long, value_enum)]
-    pub advice: Option<Advice>,
-    /// Read every page of the file while mapping it (MAP_POPULATE), before the first token.
-    #[arg(long)]
-    pub populate: bool,
-    /// Lock the model's pages in memory (mlock): read now, never evicted.
-    #[arg(long)]
-    pub mlock: bool,
-    /// Run the forward pass on a GPU (chapter 9), one sequence at a time: needs the engine
-    /// built with the `gpu` feature.
-    #[arg(long)]
-    pub gpu: bool,
+    pub engine: Engine,
+    /// Chapter 17's `--quantize`.
+    #[command(flatten)]
+    pub quantize: Quantize,
 
     // Chapter 14.
     /// Print what the run will hold in memory (weights, KV cache, the rest) and exit.
@@ -129,19 +72,6 @@ pub struct Flags {
     pub draft_max: usize,
 }
 
-/// `--advice`: chapter 10's [`PageAdvice`], by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Advice {
-    /// No hint: pages are read as they are first touched.
-    Normal,
-    /// MADV_WILLNEED: start reading the whole file in the background now.
-    WillNeed,
-    /// MADV_SEQUENTIAL: aggressive readahead, pages dropped soon after use.
-    Sequential,
-    /// MADV_RANDOM: no readahead; every fault reads one page.
-    Random,
-}
-
 /// `--spec`: chapter 16's [`SpecKind`], by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Spec {
@@ -156,40 +86,18 @@ pub enum Spec {
 /// a command line that cannot run exits 2 with the usage of `subcommand`, a failure exits 1.
 pub fn run(subcommand: &str, flags: Flags, archs: Architectures) {
     let usage = |kind, message| crate::usage_error(subcommand, kind, message);
-    // (`llm-rs chat` is `run` with --chat set, so these two are checked here, not by clap.)
-    if flags.json && flags.chat {
+    // Chapter 10's settings, chapter 4's inside them, from chapter 10's flags; chapter 17
+    // opens a Hugging Face directory as a GGUF image.
+    let mut engine = flags.engine.args(archs);
+    engine.files = Arc::new(flags.quantize.files());
+    // (`llm-rs chat` is `run` with --chat set after parsing: clap cannot refuse its --json.)
+    let generation = &mut engine.generation;
+    if generation.json && generation.chat {
         usage(
             ErrorKind::ArgumentConflict,
             "--json prints one completion: not with --chat".into(),
         );
     }
-    if flags.system.is_some() && !flags.chat {
-        usage(
-            ErrorKind::MissingRequiredArgument,
-            "--system is the system message of a --chat conversation: give --chat too".into(),
-        );
-    }
-    // Chapter 4: what to generate, and how to pick each token.
-    let mut generation = Args {
-        model: flags.model.model.clone(),
-        prompt: flags.prompt.or(flags.prompt_arg),
-        n: flags.n,
-        temp: flags.temp,
-        top_k: flags.top_k,
-        top_p: flags.top_p,
-        min_p: flags.min_p,
-        repeat_penalty: flags.repeat_penalty,
-        seed: flags.seed,
-        threads: flags.model.threads,
-        ctx: flags.model.ctx,
-        chat: flags.chat,
-        system: flags.system,
-        stop: flags.stop,
-        json: flags.json,
-        rule: flags
-            .ignore_eos
-            .then(|| Arc::new(IgnoreEos) as Arc<dyn MakeRule>),
-    };
     // Chapter 15: the tokens that may come next, held to a grammar.
     let form = (
         flags.grammar,
@@ -203,36 +111,17 @@ pub fn run(subcommand: &str, flags: Flags, archs: Architectures) {
         Ok(Some(rule)) => generation.rule = Some(rule),
     }
     if !flags.mem_budget
-        && let Err(e) = ch04::cli::check(&generation)
+        && let Err(e) = ch04::cli::check(generation)
     {
         usage(ErrorKind::MissingRequiredArgument, e.to_string());
     }
     // The default model (fetched on first use) if none is named.
-    generation.model = match shared::model_or_default(generation.model) {
+    generation.model = match shared::model_or_default(generation.model.take()) {
         Ok(path) => Some(path),
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
-    };
-    // Chapter 10: the engine that loads the file and runs the scheduler; chapter 17 opens a
-    // Hugging Face directory as a GGUF image.
-    let engine = EngineArgs {
-        generation,
-        no_mmap: flags.no_mmap,
-        advice: flags.advice.map(|a| match a {
-            Advice::Normal => PageAdvice::Normal,
-            Advice::WillNeed => PageAdvice::WillNeed,
-            Advice::Sequential => PageAdvice::Sequential,
-            Advice::Random => PageAdvice::Random,
-        }),
-        populate: flags.populate,
-        mlock: flags.mlock,
-        no_repack: flags.model.no_repack,
-        gpu: flags.gpu,
-        archs,
-        cache: flags.model.cache(),
-        files: Arc::new(flags.model.files()),
     };
     let spec = match flags.spec {
         Spec::None => SpecKind::None,
