@@ -8,7 +8,7 @@
 use crate::common::Quantize;
 use crate::production_flags::{self, Production, parse_or_exit, run_checked};
 use ch04::Architectures;
-use ch11::NoGuessing;
+use ch11::Predicted;
 use ch15::Structured;
 use ch16::LookupGuessing;
 use ch16::runner::DRAFT_MAX;
@@ -78,16 +78,13 @@ pub fn serve(rest: Vec<OsString>, archs: Architectures) {
     args.serve.files = Arc::new(flags.quantize.files());
     args.serve.formats = Arc::new(Structured::default());
     // Chapter 16: each request's own prompt lookup, checked in the continuous batch.
-    args.serve.guessing = match flags.spec {
-        ServeSpec::None => Arc::new(NoGuessing),
+    args.serve.lookaheads = match flags.spec {
+        ServeSpec::None => Arc::new(Predicted),
         ServeSpec::Ngram if flags.draft_max == 0 => {
             eprintln!("error: --draft-max 0 guesses nothing: give at least 1, or --spec none");
             std::process::exit(2);
         }
-        ServeSpec::Ngram => Arc::new(LookupGuessing {
-            draft_max: flags.draft_max,
-            draft_min: flags.draft_min,
-        }),
+        ServeSpec::Ngram => Arc::new(LookupGuessing::new(flags.draft_max, flags.draft_min)),
     };
     // Checked (a usage error names the flag), the default model filled in, then served.
     run_checked::<Flags>(&mut args, &program);

@@ -128,8 +128,8 @@ impl RopeTable {
 
 // ANCHOR: rope_scale
 /// How positions are scaled before they are turned into angles: the parameters of llama.cpp's
-/// `ggml_rope_ext`, precomputed. Chapter 13's models use all of it; a plain llama uses only
-/// `freq_scale` (1 without scaling).
+/// `ggml_rope_ext`, precomputed. Models trained for long contexts (YaRN) use all of it; a plain
+/// llama uses only `freq_scale` (1 without scaling).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeScale {
     /// Linear interpolation: every angle times this (1 / the scaling factor).

@@ -83,42 +83,63 @@ pub struct Architecture {
 }
 
 /// A set of architectures, passed to [`Model::load`](crate::Model::load) as a value.
-#[derive(Clone, Default)]
-pub struct Architectures(Vec<Architecture>);
+pub type Architectures = ArchSet<Architecture>;
 // ANCHOR_END: architecture
 
-impl std::fmt::Debug for Architectures {
+/// What a set of architectures finds its members by: `general.architecture`.
+pub trait Named {
+    fn name(&self) -> &'static str;
+}
+
+impl Named for Architecture {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// A set of architectures of any kind, by name: chapter 4's [`Architectures`], and any other
+/// loader's (a GPU's, say) that builds something else per architecture.
+#[derive(Clone)]
+pub struct ArchSet<A>(Vec<A>);
+
+impl<A> Default for ArchSet<A> {
+    fn default() -> Self {
+        ArchSet(Vec::new())
+    }
+}
+
+impl<A: Named> std::fmt::Debug for ArchSet<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_set().entries(self.names()).finish()
     }
 }
 
 // ANCHOR: architecture_set
-impl Architectures {
+impl<A: Named> ArchSet<A> {
     /// The empty set.
-    pub fn new() -> Architectures {
-        Architectures(Vec::new())
+    pub fn new() -> ArchSet<A> {
+        ArchSet(Vec::new())
     }
 
     /// This set with `arch` added (replacing one of the same name).
-    pub fn with(mut self, arch: Architecture) -> Architectures {
-        self.0.retain(|a| a.name != arch.name);
+    pub fn with(mut self, arch: A) -> ArchSet<A> {
+        self.0.retain(|a| a.name() != arch.name());
         self.0.push(arch);
         self
     }
 
     /// The architecture named `name`, if the set has it.
-    pub fn get(&self, name: &str) -> Option<&Architecture> {
-        self.0.iter().find(|a| a.name == name)
+    pub fn get(&self, name: &str) -> Option<&A> {
+        self.0.iter().find(|a| a.name() == name)
     }
 
     /// The names in the set, in the order they were added.
     pub fn names(&self) -> Vec<&'static str> {
-        self.0.iter().map(|a| a.name).collect()
+        self.0.iter().map(|a| a.name()).collect()
     }
 
     /// The architecture `gguf` names: an error naming it and the set when it is not there.
-    pub fn of(&self, gguf: &Gguf) -> Result<&Architecture, LoadError> {
+    pub fn of(&self, gguf: &Gguf) -> Result<&A, LoadError> {
         let name = gguf
             .architecture()
             .map_err(|e| LoadError::Other(e.to_string()))?;

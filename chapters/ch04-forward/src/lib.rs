@@ -42,7 +42,7 @@ pub mod memory;
 pub mod model;
 pub mod sampling;
 
-pub use arch::{Architecture, Architectures, Blocks, Ctx, LoadBlocks};
+pub use arch::{ArchSet, Architecture, Architectures, Blocks, Ctx, LoadBlocks, Named};
 pub use compute::{Activation, Compute, Scratch};
 
 pub use generate::{

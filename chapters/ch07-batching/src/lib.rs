@@ -12,8 +12,9 @@
 //! - [`prefix`]: a prefix cache in the spirit of RadixAttention, a radix tree over token ids
 //!   whose edges own KV blocks, shared with running sequences through the block allocator's
 //!   reference counts and evicted least recently used first.
-//! - [`cost`]: what a step costs, learnt from the steps, and which guessed tokens (chapter 16)
-//!   are worth a row of a step at that cost.
+//! - [`lookahead`]: tokens a decoding request feeds after its decode token in the same step,
+//!   each with its row, kept while they equal what the model samples — [`Known`], a
+//!   continuation the caller already has, replayed in a few steps.
 //! - [`request`]: a request and the report of a finished request; its sampler, streaming
 //!   decoder and stop-string filter are chapter 4's `Generator`, one per request.
 //! - [`throughput`]: the measurement behind the chapter's table: the same prompts batched and
@@ -24,14 +25,15 @@
 //! prompt through it. Requests come from a loop in the same process; chapter 11 puts a network
 //! in front.
 
-pub mod cost;
+pub mod lookahead;
 pub mod prefix;
 pub mod request;
 pub mod scheduler;
 pub mod throughput;
 
+pub use lookahead::{Known, Lookahead, StepRows};
 pub use prefix::PrefixCache;
-pub use request::{Finished, Proposer, Request, RequestId};
+pub use request::{Finished, Request, RequestId};
 pub use scheduler::{
-    BatchModel, Scheduler, SchedulerConfig, SchedulerError, Sink, Stats, StepReport,
+    BatchModel, Scheduler, SchedulerConfig, SchedulerError, Sink, Stats, StepReport, Submit,
 };

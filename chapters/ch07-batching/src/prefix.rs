@@ -25,11 +25,10 @@
 //! gives up its last block first, so a prefix is never evicted before its extensions.
 //!
 //! A cache hit is visible from outside: a request that finds its prefix cached is answered
-//! sooner, and a server that reports cached tokens says so outright. So the cache is
-//! partitioned by a *salt*: a tree per salt, each from a root of its own, and a prefix cached
-//! under one salt is never found under another (vLLM's `cache_salt`). A server that gives each
-//! tenant its own salt (chapter 12 does, one per API key) keeps one tenant from learning what
-//! another sent; salt 0 is the partition of everyone else.
+//! sooner, and a server that reports cached tokens says so outright. So the cache can be
+//! *partitioned*: a tree per partition, each from a root of its own, and a prefix cached in
+//! one partition is never found in another. Requests that must not learn what the others sent
+//! go in partitions of their own; partition 0 is everyone else's.
 
 use ch05::{BlockAllocator, BlockId};
 use std::collections::HashMap;
@@ -53,8 +52,8 @@ struct Node {
 #[derive(Debug)]
 pub struct PrefixCache {
     block_size: usize,
-    nodes: Vec<Node>, // arena; nodes[ROOT] (salt 0) and every salt's root have empty labels
-    /// The root of each salt's tree but 0's (which is `ROOT`); a root is its own parent.
+    nodes: Vec<Node>, // arena; nodes[ROOT] (partition 0) and each partition's root: no label
+    /// The root of each partition's tree but 0's (which is `ROOT`); a root is its own parent.
     roots: HashMap<u64, NodeId>,
     free_nodes: Vec<NodeId>,
     clock: u64, // ticks on every lookup and insert: the LRU order
@@ -99,9 +98,9 @@ impl PrefixCache {
         (1..self.nodes.len()).filter(|&n| !self.nodes[n].blocks.is_empty())
     }
 
-    /// The root of `salt`'s tree, if it has one.
-    fn root(&self, salt: u64) -> Option<NodeId> {
-        match salt {
+    /// The root of `partition`'s tree, if it has one.
+    fn root(&self, partition: u64) -> Option<NodeId> {
+        match partition {
             0 => Some(ROOT),
             s => self.roots.get(&s).copied(),
         }
@@ -121,16 +120,16 @@ impl PrefixCache {
     }
 
     // ANCHOR: lookup
-    /// The blocks of the longest prefix of `tokens` cached under `salt`, in whole blocks: they
+    /// The blocks of the longest prefix of `tokens` cached in `partition`, in whole blocks: they
     /// hold the keys and values of `tokens[..blocks.len() * block_size]`. Marks the path as
     /// recently used. The caller must retain the blocks (e.g. with `PagedCache::attach`)
     /// before anything can be evicted.
-    pub fn lookup(&mut self, salt: u64, tokens: &[u32]) -> Vec<BlockId> {
+    pub fn lookup(&mut self, partition: u64, tokens: &[u32]) -> Vec<BlockId> {
         // ANCHOR: yours_lookup
         let bs = self.block_size;
         self.clock += 1;
         let mut found = Vec::new();
-        let Some(mut node) = self.root(salt) else {
+        let Some(mut node) = self.root(partition) else {
             return found;
         };
         loop {
@@ -156,13 +155,13 @@ impl PrefixCache {
     // ANCHOR_END: lookup
 
     // ANCHOR: insert
-    /// Cache the whole blocks of `tokens` under `salt`, their keys and values in `blocks` (a
+    /// Cache the whole blocks of `tokens` in `partition`, their keys and values in `blocks` (a
     /// sequence's block table; a partly filled last block is ignored). Parts already cached
     /// keep their blocks; the tree takes a reference to each block it adds. Returns how many
     /// it added.
     pub fn insert(
         &mut self,
-        salt: u64,
+        partition: u64,
         tokens: &[u32],
         blocks: &[BlockId],
         alloc: &mut BlockAllocator,
@@ -174,12 +173,12 @@ impl PrefixCache {
         }
         let (tokens, blocks) = (&tokens[..n * bs], &blocks[..n]);
         self.clock += 1;
-        let root = match self.root(salt) {
+        let root = match self.root(partition) {
             Some(r) => r,
             None => {
                 let id = self.new_node(Node::default());
                 self.nodes[id].parent = id;
-                self.roots.insert(salt, id);
+                self.roots.insert(partition, id);
                 id
             }
         };
@@ -306,7 +305,8 @@ impl PrefixCache {
         self.nodes[leaf] = Node::default();
         self.free_nodes.push(leaf);
         if parent != ROOT && self.is_root(parent) && self.nodes[parent].children.is_empty() {
-            // A salt's tree emptied: its root goes too, so salts that come and go leave nothing.
+            // A partition's tree emptied: its root goes too, so partitions that come and go leave
+            // nothing.
             self.roots.retain(|_, &mut r| r != parent);
             self.nodes[parent] = Node::default();
             self.free_nodes.push(parent);
@@ -369,7 +369,7 @@ impl PrefixCache {
             reached += 1;
             let node = &self.nodes[id];
             if id != ROOT && self.is_root(id) && node.children.is_empty() {
-                return false; // an emptied salt's root is removed
+                return false; // an emptied partition's root is removed
             }
             if !self.is_root(id)
                 && (node.blocks.is_empty()

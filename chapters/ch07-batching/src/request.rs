@@ -7,7 +7,7 @@
 //! prompt alone. Preemption drops the keys and values only: the generator continues where it
 //! was, so a recomputed request writes what it would have written.
 
-use ch04::{ForwardError, GenParams, StopReason};
+use ch04::{GenParams, StopReason};
 use std::time::Duration;
 
 /// A request's number: requests are numbered in the order they arrive, and that order is the
@@ -21,36 +21,6 @@ pub struct Request {
     /// Token limit, sampler settings, stop strings.
     pub params: GenParams,
 }
-
-// ANCHOR: proposer
-/// Guesses the tokens that follow a sequence, for the model to check all at once: a request
-/// submitted with one ([`Scheduler::submit_guessing`](crate::Scheduler::submit_guessing))
-/// feeds its guesses after its decode token, and keeps each one that the token sampled from
-/// the row before it equals. A guess costs the model nothing until it is checked, and a wrong
-/// one costs only the row it adds to the batch: a proposer should be cheap and, where it
-/// cannot guess well, propose nothing. (Chapter 16 writes proposers; this chapter only checks
-/// what they propose.)
-pub trait Proposer {
-    /// Append to `out` up to `max` tokens guessed to follow `tokens` (the prompt and every
-    /// token generated so far).
-    fn propose(
-        &mut self,
-        tokens: &[u32],
-        max: usize,
-        out: &mut Vec<u32>,
-    ) -> Result<(), ForwardError>;
-
-    /// Of the last `proposed` guesses, the model agreed with the first `accepted`: a proposer
-    /// that adapts how much it guesses learns it here.
-    fn checked(&mut self, _proposed: usize, _accepted: usize) {}
-
-    /// How many of the guesses offered to check whatever they cost (llama.cpp's
-    /// `--draft-min`); the scheduler checks more only where they pay for their rows.
-    fn at_least(&self) -> usize {
-        0
-    }
-}
-// ANCHOR_END: proposer
 
 /// A request that is done.
 #[derive(Debug, Clone)]
@@ -68,10 +38,10 @@ pub struct Finished {
     pub computed_tokens: usize,
     /// How often it was preempted (its cache dropped, to be recomputed later).
     pub preemptions: usize,
-    /// Guessed tokens checked (its [`Proposer`]'s), and those the model agreed with: each of
-    /// those is a token generated without a step of its own.
-    pub proposed: usize,
-    pub accepted: usize,
+    /// Tokens fed ahead of its decode tokens (its [`Lookahead`](crate::Lookahead)'s), and
+    /// those kept: each kept one is a token generated without a step of its own.
+    pub fed_ahead: usize,
+    pub kept_ahead: usize,
     /// From submission to the first generated token: waiting, then the prompt.
     pub ttft: Duration,
     /// From submission to the end.

@@ -32,19 +32,17 @@
 //!   `submit` refuses a request that could not fit in the whole pool. So request `r` is done
 //!   within `a_r + Σ_{j ≤ r} (prompt_j + max_tokens_j)` steps, `a_r` being the step it arrived
 //!   at: every request ahead of it finishes first, then it runs alone at the front.
-//! - **Guesses.** A request with a [`Proposer`] may check guessed tokens after its decode
-//!   token, in the same step. Guesses get only what is left when everything above is planned
-//!   — budget, and free blocks (never an eviction or a preemption) — so they change none of
-//!   the promises above; and only as many as are expected to pay for their rows, from what
-//!   the recent steps cost ([`StepCost`](crate::cost::StepCost)) and how often the request's
-//!   guesses held. The rows after a wrong guess are dropped and the sequence's cache is
-//!   truncated to the tokens kept ([`PagedCache::truncate`]); every token is still sampled by
-//!   the request's own generator from the row plain decoding computes, so its output does not
-//!   change.
+//! - **Lookahead.** A request with a [`Lookahead`] may feed tokens after its decode token, in
+//!   the same step ([`lookahead`](crate::lookahead)). They get only what is left when
+//!   everything above is planned — budget, and free blocks (never an eviction or a
+//!   preemption) — so they change none of the promises above. The rows after the first token
+//!   not kept are dropped and the sequence's cache is truncated to the tokens kept
+//!   ([`PagedCache::truncate`]); every token is still sampled by the request's own generator
+//!   from the row plain decoding computes, so its output does not change.
 
-use crate::cost::{Judge, StepCost};
+use crate::lookahead::{Lookahead, StepRows};
 use crate::prefix::PrefixCache;
-use crate::request::{Finished, Proposer, Request, RequestId};
+use crate::request::{Finished, Request, RequestId};
 use ch02::Tokenizer;
 use ch03::NoObserver;
 use ch04::{
@@ -138,6 +136,17 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// What a request may come with besides its prompt and settings
+/// ([`Scheduler::submit_with`]).
+#[derive(Default)]
+pub struct Submit<'m> {
+    /// The prefix cache's partition it reads and fills ([`PrefixCache`]): requests of
+    /// different partitions never share a cached block. 0 unless given.
+    pub partition: u64,
+    /// What it feeds ahead of its decode tokens, if anything ([`Lookahead`]).
+    pub lookahead: Option<Box<dyn Lookahead + Send + 'm>>,
+}
+
 /// Why the scheduler refused a configuration or a request, or stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SchedulerError {
@@ -226,9 +235,11 @@ pub struct StepReport {
     pub preempted: usize,
     /// Prefix-cache blocks evicted this step.
     pub evicted: usize,
-    /// Guessed tokens checked this step, and those the model agreed with.
-    pub proposed: usize,
-    pub accepted: usize,
+    /// Tokens fed ahead this step ([`Lookahead`]), and those kept.
+    pub fed_ahead: usize,
+    pub kept_ahead: usize,
+    /// How long the forward pass took.
+    pub took: Duration,
     /// Requests that finished this step, oldest first.
     pub finished: Vec<Finished>,
 }
@@ -244,9 +255,9 @@ pub struct Stats {
     pub generated_tokens: usize,
     pub preemptions: usize,
     pub evicted_blocks: usize,
-    /// Guessed tokens checked, and those the model agreed with.
-    pub proposed_tokens: usize,
-    pub accepted_tokens: usize,
+    /// Tokens fed ahead ([`Lookahead`]), and those kept.
+    pub fed_ahead_tokens: usize,
+    pub kept_ahead_tokens: usize,
 }
 
 /// A request the scheduler holds, waiting or running.
@@ -266,15 +277,13 @@ struct Seq<'t> {
     submitted: Instant,
     ttft: Option<Duration>,
     /// The prefix cache's partition this request reads and fills.
-    cache_salt: u64,
+    partition: u64,
     max_tokens: usize,
-    /// Who guesses its next tokens, if anyone; this step's guesses; how they fared so far.
-    proposer: Option<Box<dyn Proposer + Send + 't>>,
-    guesses: Vec<u32>,
-    proposed: usize,
-    accepted: usize,
-    /// How often its guesses hold, and how many are worth checking.
-    judge: Judge,
+    /// What it feeds ahead, if anything; this step's tokens fed ahead; how many so far.
+    lookahead: Option<Box<dyn Lookahead + Send + 't>>,
+    ahead: Vec<u32>,
+    fed_ahead: usize,
+    kept_ahead: usize,
 }
 
 impl Seq<'_> {
@@ -285,29 +294,36 @@ impl Seq<'_> {
         self.slot.is_some() && self.pending() == 1
     }
 
-    /// After a step that checked `proposed` guesses and kept the first `kept`: the cache keeps
-    /// the positions of those, the ones after them go, and the proposer hears how it did.
-    fn keep_guesses(&mut self, proposed: usize, kept: usize, kv: &mut PagedCache) {
+    /// After a step that fed `fed` tokens ahead and kept the first `kept`: the cache keeps the
+    /// positions of those, the ones after them go, and the lookahead hears how it did (`step`:
+    /// the step's number, rows and time).
+    fn keep_ahead(
+        &mut self,
+        fed: usize,
+        kept: usize,
+        kv: &mut PagedCache,
+        (step, rows, took): (usize, usize, Duration),
+    ) {
         self.n_kv += kept;
-        if kept < proposed {
+        if kept < fed {
             kv.truncate(self.slot.expect("planned sequences run"), self.n_kv);
         }
-        self.proposed += proposed;
-        self.accepted += kept;
-        self.judge.learn(proposed, kept);
-        if let Some(p) = self.proposer.as_mut() {
-            p.checked(proposed, kept);
+        self.fed_ahead += fed;
+        self.kept_ahead += kept;
+        if let Some(l) = self.lookahead.as_mut() {
+            l.kept(fed, kept, StepRows { step, rows }, took);
         }
     }
 }
 
-/// One entry of a step's plan: `n` tokens of `seqs[seq]` and the first `guesses` of its
-/// guesses, needing `blocks` new KV blocks.
+/// One entry of a step's plan: `n` tokens of `seqs[seq]` and the first `ahead` of the tokens
+/// it feeds ahead (`asked`: its lookahead was asked), needing `blocks` new KV blocks.
 #[derive(Debug, Clone, Copy)]
 struct Chunk {
     seq: usize,
     n: usize,
-    guesses: usize,
+    ahead: usize,
+    asked: bool,
     blocks: usize,
 }
 
@@ -328,8 +344,6 @@ pub struct Scheduler<'m, M: BatchModel> {
     batch: Batch,
     plan: Vec<Chunk>,
     scratch: M::Scratch,
-    /// What the recent steps cost, for deciding which guesses pay.
-    cost: StepCost,
 }
 // ANCHOR_END: scheduler
 
@@ -376,7 +390,6 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             batch: Batch::default(),
             plan: Vec::new(),
             scratch: M::Scratch::default(),
-            cost: StepCost::default(),
             config,
         })
     }
@@ -424,40 +437,17 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     // ANCHOR: submit
     /// Queue a request. It is checked now, so that it can always run to the end: its sampling
     /// settings are in their domains, its tokens are in the vocabulary, and prompt plus
-    /// `max_tokens` fit the model's context and the whole KV pool. Its prefix is looked up in,
-    /// and offered to, the prefix cache's partition 0 ([`submit_salted`](Self::submit_salted)
-    /// picks another).
+    /// `max_tokens` fit the model's context and the whole KV pool.
     pub fn submit(&mut self, request: Request) -> Result<RequestId, SchedulerError> {
-        self.submit_salted(request, 0)
+        self.submit_with(request, Submit::default())
     }
 
-    /// [`submit`](Self::submit), the prompt's prefix cached under `cache_salt`: no request of
-    /// another salt finds it, or makes it be found (see [`PrefixCache`]).
-    pub fn submit_salted(
+    /// [`submit`](Self::submit), with the prefix cache's partition and a lookahead
+    /// ([`Submit`]).
+    pub fn submit_with(
         &mut self,
         request: Request,
-        cache_salt: u64,
-    ) -> Result<RequestId, SchedulerError> {
-        self.submit_with(request, cache_salt, None)
-    }
-
-    /// [`submit_salted`](Self::submit_salted), with `proposer` guessing the request's next
-    /// tokens (see the module docs): its output is the same, in fewer steps where the guesses
-    /// hold.
-    pub fn submit_guessing(
-        &mut self,
-        request: Request,
-        cache_salt: u64,
-        proposer: Box<dyn Proposer + Send + 'm>,
-    ) -> Result<RequestId, SchedulerError> {
-        self.submit_with(request, cache_salt, Some(proposer))
-    }
-
-    fn submit_with(
-        &mut self,
-        request: Request,
-        cache_salt: u64,
-        proposer: Option<Box<dyn Proposer + Send + 'm>>,
+        with: Submit<'m>,
     ) -> Result<RequestId, SchedulerError> {
         let Request { prompt, params } = request;
         if prompt.is_empty() {
@@ -513,13 +503,12 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             preemptions: 0,
             submitted: Instant::now(),
             ttft: None,
-            cache_salt,
+            partition: with.partition,
             max_tokens: params.max_tokens,
-            proposer,
-            guesses: Vec::new(),
-            proposed: 0,
-            accepted: 0,
-            judge: Judge::new(),
+            lookahead: with.lookahead,
+            ahead: Vec::new(),
+            fed_ahead: 0,
+            kept_ahead: 0,
         });
         Ok(id)
     }
@@ -542,7 +531,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         let mut plan = std::mem::take(&mut self.plan);
         let mut budget = self.config.max_batch_tokens;
         self.plan(&mut plan, &mut budget, &mut report);
-        self.plan_guesses(&mut plan, budget)?;
+        self.plan_ahead(&mut plan, budget)?;
         if plan.is_empty() && self.seqs.iter().any(|s| s.out.stop.is_none()) {
             // Cannot happen: the oldest request can always run (see the module docs).
             return Err(SchedulerError::Stalled);
@@ -558,21 +547,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 self.batch
                     .push(s.tokens[pos], slot, pos, pos + 1 == s.tokens.len());
             }
-            // Guesses follow the decode token, each with its row of logits.
-            for (j, &g) in s.guesses[..c.guesses].iter().enumerate() {
-                self.batch.push(g, slot, s.tokens.len() + j, true);
+            // Tokens fed ahead follow the decode token, each with its row of logits.
+            for (j, &t) in s.ahead[..c.ahead].iter().enumerate() {
+                self.batch.push(t, slot, s.tokens.len() + j, true);
             }
         }
+        let started = Instant::now();
         let logits: &[f32] = if self.batch.is_empty() {
             &[]
         } else {
-            let started = Instant::now();
-            let logits = self
-                .model
-                .forward_batch(&self.batch, &mut self.kv, &mut self.scratch)?;
-            self.cost.add(self.batch.len(), started.elapsed());
-            logits
+            self.model
+                .forward_batch(&self.batch, &mut self.kv, &mut self.scratch)?
         };
+        report.took = started.elapsed();
         self.stats.steps += 1;
         self.stats.computed_tokens += self.batch.len();
         report.n_tokens = self.batch.len();
@@ -581,21 +568,21 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
 
         // ANCHOR: step_sample
         // Sample for every sequence whose chunk reached its end, in batch order: from the row
-        // of its last token, then from the row of each guess while the token sampled before
-        // it equals it.
+        // of its last token, then from the row of each token fed ahead while the token sampled
+        // before it equals it.
         let vocab = self.model.vocab_size();
         let mut rows = logits.chunks_exact(vocab);
         for c in &plan {
             let s = &mut self.seqs[c.seq];
             s.n_kv += c.n;
-            s.computed_tokens += c.n + c.guesses;
+            s.computed_tokens += c.n + c.ahead;
             if s.n_kv < s.tokens.len() {
                 continue; // a prompt chunk that is not the last
             }
             let (mut kept, mut done) = (0, false);
-            for (r, row) in rows.by_ref().take(1 + c.guesses).enumerate() {
+            for (r, row) in rows.by_ref().take(1 + c.ahead).enumerate() {
                 if done {
-                    continue; // computed after a wrong guess: dropped
+                    continue; // computed after a token not kept: dropped
                 }
                 // A NaN from broken weights would be sampled as some token and printed as
                 // garbage; the model's weights are shared, so the step fails for everyone.
@@ -609,18 +596,19 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 if !text.is_empty() {
                     sink.text(s.id, &text);
                 }
-                let held = r < c.guesses && s.guesses[r] == token;
+                let held = r < c.ahead && s.ahead[r] == token;
                 kept += usize::from(held);
                 done = !held || s.out.stop.is_some();
             }
-            if c.guesses > 0 {
-                s.keep_guesses(c.guesses, kept, &mut self.kv);
-                report.proposed += c.guesses;
-                report.accepted += kept;
+            if c.asked {
+                let step = (self.stats.steps - 1, report.n_tokens, report.took);
+                s.keep_ahead(c.ahead, kept, &mut self.kv, step);
+                report.fed_ahead += c.ahead;
+                report.kept_ahead += kept;
             }
         }
-        self.stats.proposed_tokens += report.proposed;
-        self.stats.accepted_tokens += report.accepted;
+        self.stats.fed_ahead_tokens += report.fed_ahead;
+        self.stats.kept_ahead_tokens += report.kept_ahead;
         // Offer the newly filled blocks of prompts to the prefix cache, so that requests
         // arriving meanwhile with the same beginning find them.
         for c in &plan {
@@ -697,57 +685,53 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
     }
     // ANCHOR_END: plan
 
-    // ANCHOR: plan_guesses
-    /// Give what is left of the budget to guesses, oldest request first: each decode of a
-    /// request with a proposer checks as many as its proposer offers, up to the budget left,
-    /// the free blocks (no eviction, no preemption for a guess) and its token limit — the last
-    /// guess's row gives one more token, so a request that may generate `r` more checks at most
-    /// `r - 1`, and stays within the positions [`submit`](Self::submit) checked — and of those,
-    /// only the ones its [`Judge`] finds worth checking at what steps cost now.
-    fn plan_guesses(&mut self, plan: &mut [Chunk], mut budget: usize) -> Result<(), ForwardError> {
-        let (bs, line) = (self.config.block_size, self.cost.line());
-        // Rows in the step, and how many of them are expected to be kept.
-        let mut rows = plan.iter().map(|c| c.n).sum::<usize>() as f64;
-        let mut useful = rows;
-        // Blocks the plan takes so far: those left are free for guesses.
+    // ANCHOR: plan_ahead
+    /// Give what is left of the budget to lookahead, oldest request first: each decode of a
+    /// request with a [`Lookahead`] may feed up to the budget left, the free blocks (no
+    /// eviction, no preemption for it) and its token limit — the last fed token's row gives
+    /// one more token, so a request that may generate `r` more feeds at most `r - 1`, and
+    /// stays within the positions [`submit`](Self::submit) checked.
+    fn plan_ahead(&mut self, plan: &mut [Chunk], mut budget: usize) -> Result<(), ForwardError> {
+        let (bs, vocab, step) = (
+            self.config.block_size,
+            self.model.vocab_size(),
+            self.stats.steps,
+        );
+        let mut rows: usize = plan.iter().map(|c| c.n).sum();
+        // Blocks the plan takes so far: those left are free for lookahead.
         let mut planned: usize = plan.iter().map(|c| c.blocks).sum();
         for chunk in plan.iter_mut() {
             let i = chunk.seq;
             if budget == 0 {
                 break;
             }
-            if self.seqs[i].proposer.is_none() || !self.seqs[i].is_decoding() {
+            if self.seqs[i].lookahead.is_none() || !self.seqs[i].is_decoding() {
                 continue;
             }
             let blocks = self.blocks_held(i) + chunk.blocks + self.kv.allocator.n_free() - planned;
             let s = &mut self.seqs[i];
             let left = s.max_tokens - s.out.ids.len() - 1;
-            let max = left.min(budget).min(blocks * bs - s.n_kv - 1);
-            let Some(proposer) = s.proposer.as_mut().filter(|_| max > 0) else {
+            let room = left.min(budget).min(blocks * bs - s.n_kv - 1);
+            let Some(lookahead) = s.lookahead.as_mut().filter(|_| room > 0) else {
                 continue;
             };
-            s.guesses.clear();
-            proposer.propose(&s.tokens, max, &mut s.guesses)?;
+            s.ahead.clear();
+            lookahead.ahead(&s.tokens, room, StepRows { step, rows }, &mut s.ahead)?;
             // A token outside the vocabulary would index past the embedding table.
-            let vocab = self.model.vocab_size();
-            let offered = s.guesses[..s.guesses.len().min(max)]
+            let k = s.ahead[..s.ahead.len().min(room)]
                 .iter()
-                .take_while(|&&g| (g as usize) < vocab)
+                .take_while(|&&t| (t as usize) < vocab)
                 .count();
-            let k = s
-                .judge
-                .keep(offered, proposer.at_least(), rows, useful, line);
-            rows += k as f64;
-            useful += s.judge.expected(k);
+            (chunk.ahead, chunk.asked) = (k, true);
+            rows += k;
             budget -= k;
-            chunk.guesses = k;
             let blocks = self.blocks_for(i, 1 + k);
             planned += blocks - chunk.blocks;
             chunk.blocks = blocks;
         }
         Ok(())
     }
-    // ANCHOR_END: plan_guesses
+    // ANCHOR_END: plan_ahead
 
     fn newest_running_after(&self, i: usize) -> Option<usize> {
         (i + 1..self.seqs.len())
@@ -789,7 +773,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 return Some(Chunk {
                     seq: i,
                     n: want,
-                    guesses: 0,
+                    ahead: 0,
+                    asked: false,
                     blocks: need,
                 });
             }
@@ -806,7 +791,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
                 return Some(Chunk {
                     seq: i,
                     n,
-                    guesses: 0,
+                    ahead: 0,
+                    asked: false,
                     blocks: self.blocks_for(i, n),
                 });
             }
@@ -836,7 +822,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         let s = &self.seqs[i];
         let blocks = if self.config.prefix_cache {
             self.prefix
-                .lookup(s.cache_salt, &s.tokens[..s.tokens.len() - 1])
+                .lookup(s.partition, &s.tokens[..s.tokens.len() - 1])
         } else {
             Vec::new()
         };
@@ -900,7 +886,7 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
         if let Some(table) = s.slot.and_then(|slot| self.kv.table(slot)) {
             let blocks = table.blocks.clone();
             self.prefix.insert(
-                s.cache_salt,
+                s.partition,
                 &s.tokens[..s.n_kv],
                 &blocks,
                 &mut self.kv.allocator,
@@ -953,8 +939,8 @@ impl<'m, M: BatchModel> Scheduler<'m, M> {
             cached_tokens: s.cached_tokens,
             computed_tokens: s.computed_tokens,
             preemptions: s.preemptions,
-            proposed: s.proposed,
-            accepted: s.accepted,
+            fed_ahead: s.fed_ahead,
+            kept_ahead: s.kept_ahead,
             ttft: s.ttft.unwrap_or(latency),
             latency,
         }

@@ -110,15 +110,15 @@ proptest! {
 
 /// A sequence with tokens `t` offers its blocks to the tree and ends.
 fn offer(tree: &mut PrefixCache, alloc: &mut BlockAllocator, t: &[u32]) {
-    offer_salted(tree, alloc, 0, t)
+    offer_in(tree, alloc, 0, t)
 }
 
-/// [`offer`], under `salt`.
-fn offer_salted(tree: &mut PrefixCache, alloc: &mut BlockAllocator, salt: u64, t: &[u32]) {
+/// [`offer`], in `partition`.
+fn offer_in(tree: &mut PrefixCache, alloc: &mut BlockAllocator, partition: u64, t: &[u32]) {
     let blocks: Vec<BlockId> = (0..t.len() / tree.block_size())
         .map(|_| alloc.allocate().unwrap())
         .collect();
-    tree.insert(salt, t, &blocks, alloc);
+    tree.insert(partition, t, &blocks, alloc);
     for b in blocks {
         alloc.release(b);
     }
@@ -157,23 +157,26 @@ fn the_least_recently_used_prefix_goes_first() {
     assert_eq!(alloc.n_free(), 14);
 }
 
-/// A prefix cached under one salt (one tenant) is found under that salt only; each salt's
-/// tree evicts like the one tree, and a salt whose tree empties leaves nothing behind.
+/// A prefix cached in one partition is found in that partition only; each partition's tree
+/// evicts like the one tree, and a partition whose tree empties leaves nothing behind.
 #[test]
-fn a_prefix_cached_under_one_salt_is_found_under_no_other() {
+fn a_prefix_cached_in_one_partition_is_found_in_no_other() {
     let mut alloc = BlockAllocator::new(32);
     let mut tree = PrefixCache::new(2);
     let secret = [7, 7, 8, 8, 9, 9];
-    offer_salted(&mut tree, &mut alloc, 41, &secret);
+    offer_in(&mut tree, &mut alloc, 41, &secret);
     assert!(tree.is_well_formed());
     assert_eq!(tree.lookup(41, &secret).len(), 3);
-    assert!(tree.lookup(0, &secret).is_empty(), "found without the salt");
+    assert!(
+        tree.lookup(0, &secret).is_empty(),
+        "found outside its partition"
+    );
     assert!(
         tree.lookup(42, &secret).is_empty(),
-        "found under another salt"
+        "found in another partition"
     );
-    // The same prompt under another salt is cached again, in blocks of its own.
-    offer_salted(&mut tree, &mut alloc, 42, &secret);
+    // The same prompt in another partition is cached again, in blocks of its own.
+    offer_in(&mut tree, &mut alloc, 42, &secret);
     offer(&mut tree, &mut alloc, &secret);
     let (a, b, c) = (
         tree.lookup(41, &secret),
@@ -187,12 +190,12 @@ fn a_prefix_cached_under_one_salt_is_found_under_no_other() {
     );
     assert!(tree.is_well_formed());
     assert_eq!(tree.n_blocks(), 9);
-    // Evicting everything empties every tree; the salts' roots go with them.
+    // Evicting everything empties every tree; the partitions' roots go with them.
     assert_eq!(tree.evict(100, &mut alloc), 9);
     assert!(tree.is_well_formed());
     assert!(tree.entries().is_empty());
     assert_eq!(alloc.n_free(), 32);
-    offer_salted(&mut tree, &mut alloc, 41, &secret);
+    offer_in(&mut tree, &mut alloc, 41, &secret);
     assert!(tree.is_well_formed());
     assert_eq!(tree.lookup(41, &secret).len(), 3);
 }

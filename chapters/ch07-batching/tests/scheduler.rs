@@ -14,9 +14,10 @@
 //! request's tokens and text equal the reference, every request finished within the starvation
 //! bound of the policy, and once the prefix cache is cleared every block is free.
 //!
-//! Some requests guess: an oracle that knows the reference proposes a random number of the
-//! next tokens, some of them made wrong on purpose. The same promises hold for them, with the
-//! cache truncated past every wrong guess (the fake model checks every position it reads).
+//! Some requests feed tokens ahead: an oracle that knows the reference feeds a random number
+//! of the next tokens, some of them made wrong on purpose. The same promises hold for them,
+//! with the cache truncated past every token not kept (the fake model checks every position
+//! it reads).
 
 use ch01::GgufFile;
 use ch02::Tokenizer;
@@ -24,7 +25,9 @@ use ch03::attention::reserve_batch;
 use ch03::{KvStore, KvView};
 use ch04::{Batch, ForwardError, GenParams, SamplerParams, Session, StopReason, generate};
 use ch05::PagedCache;
-use ch07::{BatchModel, Proposer, Request, Scheduler, SchedulerConfig, Sink};
+use ch07::{
+    BatchModel, Known, Lookahead, Request, Scheduler, SchedulerConfig, Sink, StepRows, Submit,
+};
 use proptest::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -140,11 +143,12 @@ struct Req {
     prompt: Vec<u32>,
     params: GenParams,
     arrival: usize, // steps run before it is submitted
-    /// Guesses from an [`Oracle`] with this seed, if any, and how often (in 8) one is wrong.
-    guess: Option<(u64, u64)>,
+    /// Tokens fed ahead by an [`Oracle`] with this seed, if any, and how often (in 8) one is
+    /// wrong.
+    ahead: Option<(u64, u64)>,
 }
 
-/// Guesses the next tokens of the reference output (`want`: prompt and reference ids), a
+/// Feeds the next tokens of the reference output (`want`: prompt and reference ids), a
 /// pseudo-random number of them each step, each one made wrong with a chance of `wrong` in 8;
 /// past the reference's end, anything (counted in `beyond`).
 struct Oracle {
@@ -154,11 +158,12 @@ struct Oracle {
     beyond: Arc<AtomicUsize>,
 }
 
-impl Proposer for Oracle {
-    fn propose(
+impl Lookahead for Oracle {
+    fn ahead(
         &mut self,
         tokens: &[u32],
         max: usize,
+        _: StepRows,
         out: &mut Vec<u32>,
     ) -> Result<(), ForwardError> {
         assert_eq!(
@@ -206,9 +211,9 @@ fn req() -> impl Strategy<Value = Req> {
             ..SamplerParams::default()
         }),
     ];
-    let guess = prop_oneof![Just(None), (0u64..1000, 0u64..=8).prop_map(Some)];
-    (head, tail, 0usize..12, stop, sampler, 0usize..12, guess).prop_map(
-        |(head, tail, max_tokens, stop, sampler, arrival, guess)| {
+    let ahead = prop_oneof![Just(None), (0u64..1000, 0u64..=8).prop_map(Some)];
+    (head, tail, 0usize..12, stop, sampler, 0usize..12, ahead).prop_map(
+        |(head, tail, max_tokens, stop, sampler, arrival, ahead)| {
             let mut prompt = [head, tail].concat();
             if prompt.is_empty() {
                 prompt.push(40);
@@ -222,7 +227,7 @@ fn req() -> impl Strategy<Value = Req> {
                     rule: None,
                 },
                 arrival,
-                guess,
+                ahead,
             }
         },
     )
@@ -294,13 +299,14 @@ proptest! {
             while submitted < reqs.len() && reqs[submitted].arrival <= s.stats().steps {
                 let r = &reqs[submitted];
                 let request = Request { prompt: r.prompt.clone(), params: r.params.clone() };
-                let id = match r.guess {
+                let id = match r.ahead {
                     None => s.submit(request),
                     Some((seed, wrong)) => {
                         let want = [r.prompt.as_slice(), &wants[submitted].ids].concat();
                         let beyond = Arc::clone(&beyond[submitted]);
                         let oracle = Oracle { want, state: seed, wrong, beyond };
-                        s.submit_guessing(request, 0, Box::new(oracle))
+                        let lookahead = Some(Box::new(oracle) as Box<dyn Lookahead + Send>);
+                        s.submit_with(request, Submit { lookahead, ..Submit::default() })
                     }
                 }.unwrap();
                 prop_assert_eq!(id, submitted);
@@ -323,15 +329,15 @@ proptest! {
         for (id, r) in reqs.iter().enumerate() {
             let (f, done_at) = &finished[&id];
             let want = &wants[id];
-            prop_assert!(f.accepted <= f.proposed);
-            if r.guess.is_none() {
-                prop_assert_eq!(f.proposed, 0);
+            prop_assert!(f.kept_ahead <= f.fed_ahead);
+            if r.ahead.is_none() {
+                prop_assert_eq!(f.fed_ahead, 0);
             }
-            if r.guess.is_some_and(|(_, wrong)| wrong == 0) {
-                // Every guess within the reference holds; only those offered after its end
-                // (checked or not: the scheduler checks fewer when they do not pay) can fail.
+            if r.ahead.is_some_and(|(_, wrong)| wrong == 0) {
+                // Every token fed within the reference is kept; only those offered after its
+                // end (fed or not: the scheduler feeds fewer at its token limit) can fail.
                 let beyond = beyond[id].load(Ordering::Relaxed);
-                prop_assert!(f.proposed - f.accepted <= beyond, "request {}: a right guess failed", id);
+                prop_assert!(f.fed_ahead - f.kept_ahead <= beyond, "request {}: a right token was not kept", id);
             }
             prop_assert_eq!(&f.ids, &want.ids, "request {}: tokens", id);
             prop_assert_eq!(&f.text, &want.text, "request {}: text", id);
@@ -481,4 +487,71 @@ proptest! {
         s.clear_prefix_cache();
         prop_assert_eq!(s.kv().allocator.n_free(), n_blocks, "every block is free at the end");
     }
+}
+
+/// A known continuation that is the request's own answer is kept whole: the same tokens, in
+/// two steps (the prompt, then one decode with the rest fed ahead) instead of one per token;
+/// one that turns out wrong changes nothing but the steps.
+#[test]
+fn a_known_answer_is_replayed_in_two_steps() {
+    let tok = tokenizer();
+    let mut checked = 0;
+    for start in 20u32..40 {
+        let prompt = vec![start, 21, 22, 23];
+        let params = GenParams {
+            max_tokens: 12,
+            sampler: SamplerParams::greedy(),
+            stop: vec![],
+            rule: None,
+        };
+        let want = generate(
+            &mut FakeSession(Vec::new()),
+            tok,
+            &prompt,
+            &params,
+            &mut |_| {},
+        )
+        .unwrap();
+        let run = |known: Option<Known>| {
+            let model = FakeModel::default();
+            let mut s = Scheduler::new(&model, tok, SchedulerConfig::default()).unwrap();
+            let lookahead = known.map(|k| Box::new(k) as Box<dyn Lookahead + Send>);
+            let request = Request {
+                prompt: prompt.clone(),
+                params: params.clone(),
+            };
+            let with = Submit {
+                lookahead,
+                ..Submit::default()
+            };
+            s.submit_with(request, with).unwrap();
+            let done = s.run(&mut ()).unwrap();
+            (done[0].clone(), s.stats().steps)
+        };
+        let (plain, plain_steps) = run(None);
+        assert_eq!(plain.ids, want.ids);
+        assert_eq!(plain_steps, want.ids.len().max(1));
+        let (replayed, steps) = run(Some(Known::new(prompt.len(), want.ids.clone())));
+        assert_eq!(replayed.ids, want.ids, "prompt {prompt:?}");
+        assert_eq!(steps, want.ids.len().min(2), "prompt {prompt:?}");
+        assert_eq!(replayed.fed_ahead, replayed.kept_ahead);
+        // A wrong answer from its second token on: only the first is kept at the decode
+        // step; then nothing more is fed, and the request goes on a token a step.
+        let mut wrong = want.ids.clone();
+        if wrong.len() >= 3 {
+            wrong[2] = (wrong[2] + 1) % VOCAB as u32;
+            let (r, steps) = run(Some(Known::new(prompt.len(), wrong)));
+            assert_eq!(r.ids, want.ids, "prompt {prompt:?}");
+            assert_eq!(
+                (r.kept_ahead, steps),
+                (1, want.ids.len() - 1),
+                "prompt {prompt:?}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 5,
+        "only {checked} prompts generated 3 tokens or more"
+    );
 }

@@ -1,7 +1,7 @@
 //! One decoded token's product with a matrix far larger than the caches, the way a decoder
 //! meets it: every weight byte read once, in order. The matrix has the shape and type of Gemma
-//! 3's output table (262,144 × 640, Q8_0: 178 MB), the largest single read of chapter 13's
-//! second model.
+//! 3's output table (262,144 × 640, Q8_0: 178 MB), the largest single read of a model with a
+//! large vocabulary.
 //!
 //! Members, for one and two threads: `plain` (neither of the two below), `prefetch` (the
 //! kernels ask for lines [`PREFETCH`] bytes ahead), `huge_pages` (the packed bytes advised onto

@@ -35,7 +35,7 @@ use std::sync::Arc;
 /// Tasks per thread a product is cut into. More than one, so a thread that was descheduled
 /// for a moment (the machine is shared) leaves its remaining tasks to the others; not many
 /// more, because each task starts a new stream of weights that the memory system must find
-/// first. Measured with chapter 14's `decode-steps` on the default model, 2 threads, rounds of
+/// first. Measured by timing decode steps on the default model, 2 threads, rounds of
 /// each build in turn: 2 rather than 4 made a 16-token prompt chunk 6 % cheaper and an
 /// 88-token prompt 5 %, with no change at 8B.
 const TASKS_PER_THREAD: usize = 2;

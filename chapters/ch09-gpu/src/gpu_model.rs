@@ -1,18 +1,22 @@
-//! The llama forward pass on the GPU: every layer resident, one submit per call.
+//! The forward pass on the GPU: every layer resident, one submit per call.
 //!
-//! [`GpuModel::load`] uploads the weights once, allocates the memory pool ([`Pool`]: the
-//! activations for the largest batch, the KV cache for `n_ctx` positions) and builds the list
-//! of [`Op`]s of a forward pass — pipelines, bind groups, parameters — once. A forward call
-//! then writes the token ids and the [`Step`] (two small uploads), records the ops into one
-//! command encoder, copies the wanted logits into a staging buffer, submits, and waits for that
-//! one read. Nothing else crosses the bus: the residual stream, the keys and values stay in
-//! GPU memory.
+//! [`GpuModel::load`] finds the file's architecture in the [`GpuArchitectures`] it is given
+//! (refusing one that is not there, by name), lets that architecture upload its
+//! [`GpuBlocks`], uploads the frame around them (embeddings, final norm, output), allocates
+//! the memory pool ([`Pool`]: the activations for the largest batch, the KV cache for `n_ctx`
+//! positions) and builds the list of [`Op`]s of a forward pass — pipelines, bind groups,
+//! parameters — once: the frame's, with the blocks' in the middle. A forward call then writes
+//! the token ids and the [`Step`] (two small uploads), records the ops into one command
+//! encoder, copies the wanted logits into a staging buffer, submits, and waits for that one
+//! read. Nothing else crosses the bus: the residual stream, the keys and values stay in GPU
+//! memory.
 //!
 //! The model is also a chapter 4 [`Session`]: its KV cache lives on the GPU, so it remembers
 //! the sequence between calls as chapter 5's cached session does, and chapter 4's `generate`
 //! drives it unchanged.
 
 use crate::device::{Gpu, GpuError, Readback, View};
+use crate::gpu_arch::{GpuArchitectures, GpuBlocks, GpuCtx};
 use crate::gpu_kernels::{Count, Op, OpBuilder, Step};
 use crate::weights::GpuMatrix;
 use ch01::Config;
@@ -20,7 +24,6 @@ use ch01::GgufFile;
 use ch01::config::RopeStyle;
 use ch03::matrix::load_vector;
 use ch03::{Attention, KvError, RopeTable};
-use ch04::llama::{self, check_all_used};
 use ch04::{ForwardError, Session, check_context};
 use std::sync::Arc;
 
@@ -40,19 +43,6 @@ impl Default for GpuOptions {
             max_batch: 256,
         }
     }
-}
-
-/// The weights of one block, on the GPU.
-pub struct GpuLayer {
-    pub attn_norm: View, // (d_model) f32
-    pub wq: GpuMatrix,   // (n_head * head_dim, d_model)
-    pub wk: GpuMatrix,   // (n_head_kv * head_dim, d_model)
-    pub wv: GpuMatrix,   // (n_head_kv * head_dim, d_model)
-    pub wo: GpuMatrix,   // (d_model, n_head * head_dim)
-    pub ffn_norm: View,  // (d_model) f32
-    pub gate: GpuMatrix, // (n_ff, d_model)
-    pub up: GpuMatrix,   // (n_ff, d_model)
-    pub down: GpuMatrix, // (d_model, n_ff)
 }
 
 // ANCHOR: pool
@@ -161,14 +151,15 @@ pub fn rope_cos_sin(rope: &RopeTable, head_dim: usize, n_rot: usize, style: Rope
     table
 }
 
-/// A llama model on the GPU, with its KV cache: a [`Session`] over one sequence.
+/// A model on the GPU, with its KV cache: a [`Session`] over one sequence.
 pub struct GpuModel {
     pub gpu: Arc<Gpu>,
     pub config: Config,
     pub n_ctx: usize,
     pub max_batch: usize,
     pub token_embd: GpuMatrix, // (vocab, d_model)
-    pub layers: Vec<GpuLayer>,
+    /// The architecture's layers, between the embeddings and the output.
+    pub blocks: Box<dyn GpuBlocks>,
     pub output_norm: View, // (d_model) f32
     /// `(vocab, d_model)`; `None` when tied to `token_embd`.
     pub output: Option<GpuMatrix>,
@@ -183,62 +174,39 @@ pub struct GpuModel {
 }
 
 impl GpuModel {
-    /// Load a llama-architecture model from `file` onto `gpu`.
+    /// Load the model of `file`, whose architecture must be one of `archs`, onto `gpu`: the
+    /// architecture's loader reads the configuration and uploads the blocks, and the frame is
+    /// loaded around them.
     pub fn load<B: AsRef<[u8]>>(
         gpu: Arc<Gpu>,
         file: &GgufFile<B>,
+        archs: &GpuArchitectures,
         opts: GpuOptions,
     ) -> Result<GpuModel, GpuError> {
-        // The architectures whose blocks these kernels run: chapter 4's llama.
-        let cfg = Config::from_gguf(&file.gguf, &[llama::NAME])
-            .map_err(|e| GpuError::Unsupported(format!("{e} on the GPU")))?;
-        // Every tensor must be one llama's blocks use (chapter 4's rule), and the optional
-        // biases are not run here: refuse them rather than compute another model.
-        check_all_used(file, &cfg)?;
-        if let Some(t) = file.gguf.tensors.iter().find(|t| t.name.ends_with(".bias")) {
-            return Err(GpuError::Unsupported(format!(
-                "tensor {:?}: the GPU forward pass has no biases (run without --gpu)",
-                t.name
-            )));
-        }
-        let n_ctx = opts.n_ctx.unwrap_or(cfg.default_context());
-        check_context(&cfg, n_ctx).map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        // Refused by name, in chapter 4's words.
+        let arch = archs
+            .of(&file.gguf)
+            .map_err(|e| GpuError::Unsupported(e.to_string()))?;
         if opts.max_batch == 0 {
             return Err(GpuError::Unsupported("a largest batch of 0 tokens".into()));
         }
+        let (cfg, blocks) = (arch.load)(&gpu, &file.borrowed())?;
+        // After the blocks, as on the CPU: their shapes have confirmed the widths the
+        // metadata states, which size the pool with the context.
+        let n_ctx = opts.n_ctx.unwrap_or(cfg.default_context());
+        check_context(&cfg, n_ctx).map_err(|e| GpuError::Unsupported(e.to_string()))?;
         let max_batch = opts.max_batch.min(n_ctx);
-        let (d, qd, kvd, ff, vocab) = (
-            cfg.d_model,
-            cfg.n_head * cfg.head_dim,
-            cfg.kv_dim(),
-            cfg.n_ff,
-            cfg.vocab_size,
-        );
-        let matrix = |name: &str, cols, rows| GpuMatrix::load(&gpu, file, name, cols, rows);
-        let vector = |name: &str| -> Result<View, GpuError> {
-            gpu.upload_f32(name, &load_vector(file, name, d)?)
-        };
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for l in 0..cfg.n_layer {
-            let n = |t: &str| format!("blk.{l}.{t}.weight");
-            layers.push(GpuLayer {
-                attn_norm: vector(&n("attn_norm"))?,
-                wq: matrix(&n("attn_q"), d, qd)?,
-                wk: matrix(&n("attn_k"), d, kvd)?,
-                wv: matrix(&n("attn_v"), d, kvd)?,
-                wo: matrix(&n("attn_output"), qd, d)?,
-                ffn_norm: vector(&n("ffn_norm"))?,
-                gate: matrix(&n("ffn_gate"), d, ff)?,
-                up: matrix(&n("ffn_up"), d, ff)?,
-                down: matrix(&n("ffn_down"), ff, d)?,
-            });
-        }
-        let token_embd = matrix("token_embd.weight", d, vocab)?;
-        let output_norm = vector("output_norm.weight")?;
+        let (d, vocab) = (cfg.d_model, cfg.vocab_size);
+        let matrix = |name: &str| GpuMatrix::load(&gpu, file, name, d, vocab);
+        let token_embd = matrix("token_embd.weight")?;
+        let output_norm = gpu.upload_f32(
+            "output_norm.weight",
+            &load_vector(file, "output_norm.weight", d)?,
+        )?;
         let output = if cfg.tied_embeddings {
             None
         } else {
-            Some(matrix("output.weight", d, vocab)?)
+            Some(matrix("output.weight")?)
         };
         // Chapter 3's table, with the file's RoPE scaling and frequency factors.
         let attention = Attention::load(file, &cfg, n_ctx)?;
@@ -248,16 +216,20 @@ impl GpuModel {
         )?;
         let pool = Pool::new(&gpu, &cfg, n_ctx, max_batch)?;
         let builder = OpBuilder::new(&gpu);
+        let ctx = GpuCtx {
+            config: &cfg,
+            attention: &attention,
+            rope: &rope,
+            pool: &pool,
+        };
+        let output_matrix = output.as_ref().unwrap_or(&token_embd);
         let ops = build_ops(
             &builder,
-            &cfg,
-            &attention,
+            &ctx,
+            &*blocks,
             &token_embd,
-            &layers,
             &output_norm,
-            output.as_ref().unwrap_or(&token_embd),
-            &rope,
-            &pool,
+            output_matrix,
         )?;
         let readback = Readback::new(&gpu, pool.logits.size);
         let builder_step = builder.step;
@@ -268,7 +240,7 @@ impl GpuModel {
             n_ctx,
             max_batch,
             token_embd,
-            layers,
+            blocks,
             output_norm,
             output,
             rope,
@@ -282,8 +254,7 @@ impl GpuModel {
 
     /// The weights' types and the adapter, for diagnostics.
     pub fn describe(&self) -> String {
-        let w = self.layers.first().map_or(&self.token_embd, |l| &l.wq);
-        format!("{} on {}", w.ty.name(), self.gpu.describe())
+        format!("{} on {}", self.blocks.describe(), self.gpu.describe())
     }
 
     /// Forget the sequence: the next call starts at position 0.
@@ -386,53 +357,19 @@ impl GpuModel {
     }
 }
 
-/// The ops of a whole forward pass, in order.
-#[allow(clippy::too_many_arguments)]
+/// The ops of a whole forward pass, in order: the frame's, with the blocks' between.
 fn build_ops(
     b: &OpBuilder,
-    cfg: &Config,
-    attention: &Attention,
+    ctx: &GpuCtx<'_>,
+    blocks: &dyn GpuBlocks,
     token_embd: &GpuMatrix,
-    layers: &[GpuLayer],
     output_norm: &View,
     output: &GpuMatrix,
-    rope: &View,
-    p: &Pool,
 ) -> Result<Vec<Op>, GpuError> {
-    let (d, hd, eps) = (cfg.d_model, cfg.head_dim, cfg.rms_norm_eps);
-    let (kvd, ff) = (cfg.kv_dim(), cfg.n_ff);
-    let (n_rot, neox) = (cfg.rope_dim, cfg.rope_style == RopeStyle::Neox);
-    let t = Count::Tokens;
+    let (p, d, eps) = (ctx.pool, ctx.config.d_model, ctx.config.rms_norm_eps);
     // ANCHOR: ops
     let mut ops = vec![b.get_rows(token_embd, &p.ids, &p.x)?];
-    for (l, w) in layers.iter().enumerate() {
-        ops.push(b.rms_norm(&p.x, &w.attn_norm, &p.h, d, eps, t)?);
-        ops.push(b.mul_mat(&w.wq, &p.h, &p.q, t, None)?);
-        ops.push(b.mul_mat(&w.wk, &p.h, &p.k, t, None)?);
-        ops.push(b.mul_mat(&w.wv, &p.h, &p.v, t, None)?);
-        ops.push(b.rope(&p.q, rope, cfg.n_head, hd, n_rot, neox)?);
-        ops.push(b.rope(&p.k, rope, cfg.n_head_kv, hd, n_rot, neox)?);
-        ops.push(b.set_rows(&p.k, &p.v, &p.k_cache[l], &p.v_cache[l], kvd)?);
-        ops.push(b.attention(
-            &p.q,
-            &p.k_cache[l],
-            &p.v_cache[l],
-            &p.attn,
-            cfg.n_head,
-            cfg.n_head_kv,
-            hd,
-            attention.window,
-            attention.kq_scale,
-        )?);
-        ops.push(b.mul_mat(&w.wo, &p.attn, &p.y, t, None)?);
-        ops.push(b.add(&p.x, &p.y, d)?); // residual connection
-        ops.push(b.rms_norm(&p.x, &w.ffn_norm, &p.h, d, eps, t)?);
-        ops.push(b.mul_mat(&w.gate, &p.h, &p.gate, t, None)?);
-        ops.push(b.mul_mat(&w.up, &p.h, &p.up, t, None)?);
-        ops.push(b.swiglu(&p.gate, &p.up, ff)?);
-        ops.push(b.mul_mat(&w.down, &p.gate, &p.y, t, None)?);
-        ops.push(b.add(&p.x, &p.y, d)?); // residual connection
-    }
+    blocks.build_ops(b, ctx, &mut ops)?;
     // Only the rows whose logits are wanted: the last token's, or all.
     ops.push(b.rms_norm(&p.x, output_norm, &p.normed, d, eps, Count::Out)?);
     ops.push(b.mul_mat(output, &p.normed, &p.logits, Count::Out, None)?);

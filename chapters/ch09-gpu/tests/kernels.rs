@@ -15,15 +15,20 @@
 
 mod common;
 
-use ch01::GgmlType;
 use ch01::config::RopeStyle;
-use ch03::matrix::matmul;
+use ch01::{Config, GgmlType, GgufFile, Value};
+use ch03::matrix::{LoadError, matmul};
 use ch03::{Attention, AttentionOps, KvStore, RopeTable, Scalar, TokenPos, VecKv};
 use ch04::Compute;
 use ch04::compute::rms_norm;
+use ch06::gguf_write::GgufWriter;
 use ch06::quants::type_traits;
+use ch09::gpu_llama::GpuLlama;
 use ch09::gpu_model::rope_cos_sin;
-use ch09::{Count, Gpu, GpuError, GpuMatrix, GpuModel, Kernel, OpBuilder, Step, View};
+use ch09::{
+    Count, Gpu, GpuArchitecture, GpuBlocks, GpuError, GpuMatrix, GpuModel, GpuOptions, Kernel,
+    OpBuilder, Step, View, gpu_architectures,
+};
 use testkit::{Tolerance, assert_close};
 
 /// Products of up to 768 terms of size ≤ 1 in f32, summed in another order (a tree of partial
@@ -439,40 +444,101 @@ fn no_adapter_is_a_clear_error() {
     assert!(seen.contains("adapters seen: \"Some GPU\""), "{seen}");
 }
 
-/// A llama file with biases (which the GPU pass does not run) is refused before anything is
-/// uploaded, naming the tensor: running without them would compute another model.
-#[test]
-fn a_file_with_biases_is_refused_naming_the_tensor() {
-    use ch01::{GgufFile, Value};
-    use ch06::gguf_write::GgufWriter;
+/// The default model cut to its first layer, relabelled as architecture `arch` (its
+/// metadata keys renamed to match), with an F32 vector `(d_model)` added for each of `extra`.
+fn one_layer_file(arch: &str, extra: &[&str]) -> GgufFile<Vec<u8>> {
     let src = GgufFile::open(shared::default_model_path().unwrap()).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in &src.gguf.metadata {
-        w.set(k, v.clone()).unwrap();
+        let key = match k.strip_prefix("llama.") {
+            Some(rest) => format!("{arch}.{rest}"),
+            None => k.clone(),
+        };
+        w.set(&key, v.clone()).unwrap();
     }
-    w.set("llama.block_count", Value::U32(1)).unwrap();
+    w.set("general.architecture", Value::String(arch.into()))
+        .unwrap();
+    w.set(&format!("{arch}.block_count"), Value::U32(1))
+        .unwrap();
     let layer0 = |n: &str| !n.starts_with("blk.") || n.starts_with("blk.0.");
     for t in src.gguf.tensors.iter().filter(|t| layer0(&t.name)) {
         w.add_tensor(&t.name, &t.dims, t.ggml_type).unwrap();
     }
     let d = src.gguf.tensor("blk.0.attn_q.weight").unwrap().dims[1];
-    w.add_tensor("blk.0.attn_q.bias", &[d], GgmlType::F32)
-        .unwrap();
+    for name in extra {
+        w.add_tensor(name, &[d], GgmlType::F32).unwrap();
+    }
     let mut bytes = Vec::new();
     w.write(&mut bytes, |t| match src.tensor_bytes(&t.name) {
         Ok(b) => Ok::<_, String>(b.to_vec()),
         Err(_) => Ok(vec![0; t.n_bytes() as usize]),
     })
     .unwrap();
-    let file = GgufFile::from_bytes(bytes).unwrap();
-    let opts = ch09::GpuOptions {
-        n_ctx: Some(64),
-        max_batch: 8,
-    };
+    GgufFile::from_bytes(bytes).unwrap()
+}
+
+/// Room for a few tokens: the tests below only load.
+const SMALL: GpuOptions = GpuOptions {
+    n_ctx: Some(64),
+    max_batch: 8,
+};
+
+/// A llama file with biases (which the GPU pass does not run) is refused before anything is
+/// uploaded, naming the tensor: running without them would compute another model.
+#[test]
+fn a_file_with_biases_is_refused_naming_the_tensor() {
+    let file = one_layer_file("llama", &["blk.0.attn_q.bias"]);
     let Some(gpu) = common::gpu() else { return };
-    let err = GpuModel::load(gpu, &file, opts)
+    let err = GpuModel::load(gpu, &file, &gpu_architectures(), SMALL)
         .err()
         .expect("loaded")
         .to_string();
     assert!(err.contains("blk.0.attn_q.bias"), "{err}");
+}
+
+/// A file of an architecture the GPU set does not have is refused by name, with the set
+/// listed — even one whose tensors llama's blocks could read, as here: which blocks run is
+/// the set's choice, not a guess from the tensors.
+#[test]
+fn an_architecture_without_gpu_blocks_is_refused_by_name() {
+    let file = one_layer_file("qwen2", &[]);
+    let Some(gpu) = common::gpu() else { return };
+    let err = GpuModel::load(gpu, &file, &gpu_architectures(), SMALL)
+        .err()
+        .expect("a qwen2 file loaded on llama's GPU blocks")
+        .to_string();
+    assert!(
+        err.contains("architecture \"qwen2\" is not supported (supported: llama)"),
+        "{err}"
+    );
+}
+
+/// Qwen2 without its biases as llama's GPU blocks rotating halves (chapter 13's reading of
+/// it on the CPU).
+fn load_qwen2_on_llama(
+    gpu: &Gpu,
+    file: &GgufFile<&[u8]>,
+) -> Result<(Config, Box<dyn GpuBlocks>), GpuError> {
+    let mut config =
+        Config::from_gguf(&file.gguf, &["qwen2"]).map_err(|e| LoadError::Other(e.to_string()))?;
+    config.rope_style = RopeStyle::Neox;
+    let blocks = GpuLlama::load(gpu, file, &config)?;
+    Ok((config, Box::new(blocks)))
+}
+
+/// The seam is the set: the same file loads once its architecture is added as a value, with
+/// the configuration its loader made, and the model unchanged.
+#[test]
+fn an_architecture_added_to_the_set_loads() {
+    let file = one_layer_file("qwen2", &[]);
+    let archs = gpu_architectures().with(GpuArchitecture {
+        name: "qwen2",
+        load: load_qwen2_on_llama,
+    });
+    assert_eq!(archs.names(), ["llama", "qwen2"]);
+    let Some(gpu) = common::gpu() else { return };
+    let model = GpuModel::load(gpu, &file, &archs, SMALL).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(model.config.arch, "qwen2");
+    assert_eq!(model.config.rope_style, RopeStyle::Neox);
+    assert_eq!(model.config.n_layer, 1);
 }

@@ -21,7 +21,7 @@ use ch01::GgufFile;
 use ch02::Tokenizer;
 use ch04::{GenParams, SamplerParams, Session, generate};
 use ch06::agreement::{GreedyStep, check_tie_fraction, greedy_step, teacher_forced};
-use ch09::{GpuModel, GpuOptions};
+use ch09::{GpuModel, GpuOptions, gpu_architectures};
 use std::sync::{Mutex, OnceLock};
 use testkit::HIDDEN_TOL;
 use testkit::refdata::{self, TensorFile};
@@ -74,8 +74,8 @@ fn run() -> Option<&'static Run> {
         let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
         let file = GgufFile::open(&path).unwrap();
         let tokenizer = Tokenizer::from_gguf(&file.gguf).unwrap();
-        let mut model =
-            GpuModel::load(gpu.clone(), &file, OPTIONS).unwrap_or_else(|e| panic!("{e}"));
+        let mut model = GpuModel::load(gpu.clone(), &file, &gpu_architectures(), OPTIONS)
+            .unwrap_or_else(|e| panic!("{e}"));
         eprintln!("model: {}", model.describe());
         let m = refdata::manifest().unwrap_or_else(|e| panic!("{e}"));
         let short = m["prompts"]

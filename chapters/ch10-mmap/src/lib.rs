@@ -30,10 +30,9 @@
 //! Built with the `gpu` feature, `--gpu` runs chapter 9's GPU model instead, one sequence at a
 //! time.
 //!
-//! Left for later: a server in front of the scheduler (chapter 11), more model
-//! architectures than llama (chapter 13 builds a bigger set of them, and the finished `llm-rs`
-//! runs this engine with it), the scheduler's batches on the GPU, and loading
-//! tensors straight from disk into device memory.
+//! Left for later: a server in front of the scheduler, more model architectures than llama
+//! (handed in as a bigger set of chapter 4's architectures), the scheduler's batches on the
+//! GPU, and loading tensors straight from disk into device memory.
 
 pub mod engine;
 pub mod loader;

@@ -1,8 +1,8 @@
 //! The server of chapter 11: `cargo run --release -p ch11 --example server -- [--model PATH]
 //! [--port 8080] [--parallel N]`. `--help` lists the flags.
 
-/// This example's flags and `main`, in a file the `exchange` example and chapter 12's
-/// production server include too.
+/// This example's flags and `main`, in a file the `exchange` example and bigger servers
+/// include too.
 #[path = "common/server_flags.rs"]
 mod server_flags;
 

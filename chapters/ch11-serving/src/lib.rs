@@ -21,13 +21,13 @@ pub mod api;
 pub mod server;
 pub mod worker;
 
-pub use api::{Cancel, Formats, Guessing, NoGuessing, TextOnly};
+pub use api::{Cancel, Formats, Lookaheads, Predicted, TextOnly};
 use ch04::cli;
 use ch07::SchedulerConfig;
 use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::engine::BLOCK_SIZE;
 use ch10::{Engine, LoadMode, MapOptions};
-pub use server::{AppState, Limits, Loaded, Tenant};
+pub use server::{AppState, CachePartition, Limits, Loaded};
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -82,9 +82,9 @@ pub struct ServeArgs {
     /// The output forms requests may ask for: plain text ([`TextOnly`]), unless a later
     /// chapter hands in more.
     pub formats: Arc<dyn Formats>,
-    /// Who guesses requests' next tokens: nobody ([`NoGuessing`]), unless a later chapter
-    /// hands in a proposer.
-    pub guessing: Arc<dyn Guessing>,
+    /// What requests feed ahead: the output a client predicted ([`Predicted`]), unless a
+    /// later chapter hands in more.
+    pub lookaheads: Arc<dyn Lookaheads>,
 }
 // ANCHOR_END: args
 
@@ -111,7 +111,7 @@ impl Default for ServeArgs {
             archs: ch04::architectures(),
             files: Arc::new(ch10::GgufFiles),
             formats: Arc::new(TextOnly),
-            guessing: Arc::new(NoGuessing),
+            lookaheads: Arc::new(Predicted),
         }
     }
 }
@@ -225,7 +225,7 @@ pub fn load_observed(
         max_text_bytes,
         body_limit,
         formats: Arc::clone(&args.formats),
-        guessing: Arc::clone(&args.guessing),
+        lookaheads: Arc::clone(&args.lookaheads),
     })
 }
 // ANCHOR_END: load_worker

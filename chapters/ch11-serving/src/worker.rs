@@ -8,7 +8,7 @@
 //! the command channel. Handlers never touch the model: they send a [`Job`] and read
 //! [`Event`]s.
 //!
-//! Two seams for what comes after (chapter 12 uses both): an [`Observer`] hears every step,
+//! Two seams for what comes after: an [`Observer`] hears every step,
 //! token and ending as it happens, for metrics and logs, and may hold the requests where they
 //! are (this chapter's tests do, to keep requests running as long as they need); and
 //! [`Worker::close`] ends every request at once with its final event, for a shutdown that
@@ -16,7 +16,7 @@
 //! scheduler takes the next ones.
 
 use ch04::{GenParams, StopReason};
-use ch07::{Proposer, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport};
+use ch07::{Lookahead, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport, Submit};
 use ch10::Engine;
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
@@ -32,16 +32,16 @@ pub type Ticket = u64;
 
 /// A request for the engine thread.
 pub struct Job {
-    /// The request's name in logs and for the [`Observer`] (chapter 12: its request id).
+    /// The request's name in logs and for the [`Observer`].
     pub label: Arc<str>,
     pub prompt: Vec<u32>,
     pub params: GenParams,
     /// When the request's time is up: it then ends as if it had reached its token limit.
     pub deadline: Instant,
-    /// The prefix cache's partition it reads and fills (its tenant's; 0 without tenants).
-    pub cache_salt: u64,
-    /// Who guesses its next tokens, if anyone (chapter 7's [`Proposer`]).
-    pub proposer: Option<Box<dyn Proposer + Send>>,
+    /// The prefix cache's partition it reads and fills (chapter 7's [`Submit::partition`]).
+    pub partition: u64,
+    /// What it feeds ahead of its decode tokens, if anything (chapter 7's [`Lookahead`]).
+    pub lookahead: Option<Box<dyn Lookahead + Send>>,
     /// Where its events go. The engine notices when the receiver is dropped (the client went
     /// away) and cancels the request.
     pub events: UnboundedSender<Event>,
@@ -75,9 +75,9 @@ pub struct Outcome {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
-    /// Tokens guessed ahead and checked, and those the model agreed with.
-    pub proposed_tokens: usize,
-    pub accepted_tokens: usize,
+    /// Tokens fed ahead ([`Job::lookahead`]), and those kept.
+    pub fed_ahead_tokens: usize,
+    pub kept_ahead_tokens: usize,
 }
 
 /// The scheduler's state after the last step, for `/health` and the tests.
@@ -307,11 +307,11 @@ fn engine_loop(
                         prompt: job.prompt,
                         params: job.params,
                     };
-                    let taken = match job.proposer {
-                        Some(p) => scheduler.submit_guessing(request, job.cache_salt, p),
-                        None => scheduler.submit_salted(request, job.cache_salt),
+                    let with = Submit {
+                        partition: job.partition,
+                        lookahead: job.lookahead,
                     };
-                    match taken {
+                    match scheduler.submit_with(request, with) {
                         Ok(id) => {
                             let _ = job.events.send(Event::Accepted);
                             tickets.insert(ticket, id);
@@ -372,8 +372,8 @@ fn engine_loop(
                     prompt_tokens: l.prompt_tokens,
                     completion_tokens: f.ids.len(),
                     cached_tokens: f.cached_tokens.min(l.prompt_tokens),
-                    proposed_tokens: f.proposed,
-                    accepted_tokens: f.accepted,
+                    fed_ahead_tokens: f.fed_ahead,
+                    kept_ahead_tokens: f.kept_ahead,
                 };
                 observer.done(&l.label, &outcome);
                 let _ = l.events.send(Event::Done(outcome));
@@ -383,7 +383,7 @@ fn engine_loop(
 
         // ANCHOR: step
         // 3. One step for everyone, unless the observer holds them. A panic inside it (a bug,
-        //    or chapter 12's injected fault) is caught and handled as a failed step, so one
+        //    or an injected fault) is caught and handled as a failed step, so one
         //    bad step does not end the server.
         held = !scheduler.is_idle() && observer.hold(&mut live.values().map(|l| &*l.label));
         if !scheduler.is_idle() && !held {
@@ -411,8 +411,8 @@ fn engine_loop(
                                 prompt_tokens: l.prompt_tokens,
                                 completion_tokens: f.ids.len(),
                                 cached_tokens: f.cached_tokens.min(l.prompt_tokens),
-                                proposed_tokens: f.proposed,
-                                accepted_tokens: f.accepted,
+                                fed_ahead_tokens: f.fed_ahead,
+                                kept_ahead_tokens: f.kept_ahead,
                             };
                             observer.done(&l.label, &outcome);
                             let _ = l.events.send(Event::Done(outcome));

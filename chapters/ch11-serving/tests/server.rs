@@ -410,3 +410,50 @@ fn typed_control_tokens_reach_the_model_as_text() {
     ));
     assert_eq!((status, e["param"].as_str()), (400, Some("messages")));
 }
+
+/// OpenAI's predicted outputs, fed ahead as chapter 7's known continuation: a prediction that
+/// is the answer itself is kept — counted in `accepted_prediction_tokens` — and a wrong one is
+/// not; neither changes the answer. A malformed one is a 400 naming the field.
+#[test]
+fn a_predicted_output_changes_only_the_steps() {
+    let s = start(args());
+    let ask = |prediction: Value| {
+        let mut body = chat("Tell me about the moon.", 24);
+        body["prediction"] = prediction;
+        s.ok("/v1/chat/completions", &body)
+    };
+    let plain = ask(Value::Null);
+    let answer = plain["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        plain["usage"].get("completion_tokens_details").is_none(),
+        "{plain}"
+    );
+    for content in [json!(answer), json!([{"type": "text", "text": answer}])] {
+        let r = ask(json!({"type": "content", "content": content}));
+        assert_eq!(r["choices"][0]["message"]["content"], answer, "{r}");
+        let details = &r["usage"]["completion_tokens_details"];
+        let kept = details["accepted_prediction_tokens"].as_u64().unwrap();
+        assert!(kept > 0, "the answer predicted is kept: {r}");
+    }
+    let wrong = ask(json!({"type": "content", "content": "Tables and chairs, mostly."}));
+    assert_eq!(wrong["choices"][0]["message"]["content"], answer, "{wrong}");
+    let details = &wrong["usage"]["completion_tokens_details"];
+    assert!(
+        details.is_null() || details["accepted_prediction_tokens"] == 0,
+        "{wrong}"
+    );
+    for bad in [
+        json!({"type": "text"}),
+        json!({"type": "content"}),
+        json!("text"),
+    ] {
+        let mut body = chat("Hi", 4);
+        body["prediction"] = bad;
+        let (status, e) = error(s.post("/v1/chat/completions", &body));
+        assert_eq!(
+            (status, e["param"].as_str()),
+            (400, Some("prediction")),
+            "{e}"
+        );
+    }
+}

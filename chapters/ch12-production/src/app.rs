@@ -483,7 +483,8 @@ pub(crate) fn keep_until_sent<G: Send + Sync + 'static>(response: Response, guar
 
 // ANCHOR: authorize
 /// With API keys, a request to `/v1/` must carry one ([`Keys::admit`]): it then runs as its
-/// key's [`Tenant`], holding a place among the key's requests until its body has been sent.
+/// key's partition of the prefix cache ([`CachePartition`](ch11::CachePartition)), holding a
+/// place among the key's requests until its body has been sent.
 async fn authorize(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     if !app.keys.enabled() || !req.uri().path().starts_with("/v1/") {
         return next.run(req).await;

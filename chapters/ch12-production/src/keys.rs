@@ -14,7 +14,7 @@
 //!   never logged, only their names. A key given twice, or a name given twice, is an error
 //!   naming both places: one key is one tenant.
 //! - **Tenants.** Each key is a tenant with its own partition of the prefix cache (chapter
-//!   7's salt, through chapter 11's [`Tenant`]): a cache hit, and `cached_tokens` in the
+//!   7's partitions, through chapter 11's [`CachePartition`]): a cache hit, and `cached_tokens` in the
 //!   usage, never crosses keys. Without that, a client could learn another's system prompt by
 //!   guessing it and watching how many tokens come back cached.
 //! - **Per-key limits.** `--key-max-in-flight` requests at once and `--key-tokens-per-minute`
@@ -25,7 +25,7 @@
 //!   names a customer: the key counters add every key's requests and tokens under
 //!   `key="all"` unless `--metrics-per-key` asks for a series per name.
 
-use ch11::Tenant;
+use ch11::CachePartition;
 use ch11::api::ApiError;
 use prometheus::{IntCounterVec, Opts, Registry};
 use sha2::{Digest, Sha256};
@@ -265,7 +265,7 @@ impl Keys {
         self: &Arc<Keys>,
         authorization: Option<&str>,
         label: &str,
-    ) -> Result<(Tenant, Admitted), Refused> {
+    ) -> Result<(CachePartition, Admitted), Refused> {
         let Some(i) = self.find(authorization) else {
             self.count(NO_KEY, "unauthorized");
             return Err(Refused::Unauthorized);
@@ -309,7 +309,7 @@ impl Keys {
             .add(label, i);
         let salt = u64::from_le_bytes(self.keys[i].hash[..8].try_into().expect("8 bytes")) | 1;
         Ok((
-            Tenant { salt },
+            CachePartition(salt),
             Admitted {
                 keys: Arc::clone(self),
                 key: i,
@@ -549,7 +549,7 @@ mod tests {
         let (a, _ga) = keys.admit(Some("Bearer sk-alice"), "r1").ok().unwrap();
         let (b, _gb) = keys.admit(Some("Bearer sk-bob"), "r2").ok().unwrap();
         let (c, _gc) = keys.admit(Some("Bearer sk-cli"), "r3").ok().unwrap();
-        assert!(a != b && b != c && a != c && a.salt != 0);
+        assert!(a != b && b != c && a != c && a.0 != 0);
         let (a2, _) = keys.admit(Some("Bearer sk-alice"), "r4").ok().unwrap();
         assert_eq!(a, a2, "a key is always the same tenant");
         for bad in [
@@ -568,7 +568,7 @@ mod tests {
     #[test]
     fn every_api_key_given_is_a_tenant_named_after_its_place() {
         let keys = Arc::new(Keys::new(&given(&["k1", "k2", "k3"]), None, 0, 0, true).unwrap());
-        let tenants: Vec<Tenant> = ["k1", "k2", "k3"]
+        let tenants: Vec<CachePartition> = ["k1", "k2", "k3"]
             .iter()
             .map(|k| keys.admit(Some(&format!("Bearer {k}")), k).ok().unwrap().0)
             .collect();

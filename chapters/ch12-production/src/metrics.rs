@@ -107,12 +107,12 @@ impl Metrics {
             generated_tokens: counter("llmrs_generated_tokens_total", "Tokens generated.", v),
             draft_tokens: counter(
                 "llmrs_spec_draft_tokens_total",
-                "Tokens guessed ahead (speculative decoding) and checked by the model.",
+                "Tokens fed ahead of decode tokens (speculative decoding, predicted outputs) and checked by the model.",
                 v,
             ),
             accepted_tokens: counter(
                 "llmrs_spec_accepted_tokens_total",
-                "Tokens guessed ahead that the model agreed with (each generated without a step).",
+                "Tokens fed ahead that the model agreed with (each generated without a step).",
                 v,
             ),
             ttft: histogram(
@@ -315,8 +315,8 @@ impl Observer for EngineMetrics {
         self.step_seconds.observe(took.as_secs_f64());
         self.batch_tokens.observe(report.n_tokens as f64);
         self.batch_sequences.observe(report.n_seqs as f64);
-        self.draft_tokens.inc_by(report.proposed as u64);
-        self.accepted_tokens.inc_by(report.accepted as u64);
+        self.draft_tokens.inc_by(report.fed_ahead as u64);
+        self.accepted_tokens.inc_by(report.kept_ahead as u64);
     }
 
     fn token(&self, _label: &str, first: bool, gap: Duration) {

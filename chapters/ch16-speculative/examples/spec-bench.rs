@@ -21,10 +21,10 @@
 use ch02::Message;
 use ch04::{GenParams, SamplerParams, generate};
 use ch05::{Cached, ContiguousCache};
-use ch07::Proposer;
 use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::engine::{Engine, LoadMode};
 use ch10::mapped::MapOptions;
+use ch16::Proposer;
 use ch16::{DraftLength, DraftModel, PromptLookup, speculate};
 use clap::Parser;
 use std::error::Error;

@@ -6,10 +6,10 @@
 use ch02::Tokenizer;
 use ch04::{ForwardError, GenParams, SamplerParams};
 use ch05::{Cached, ContiguousCache};
-use ch07::Proposer;
 use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::engine::{Engine, LoadMode};
 use ch10::mapped::MapOptions;
+use ch16::Proposer;
 use ch16::{DraftLength, PromptLookup, speculate};
 use clap::Parser;
 use std::path::PathBuf;

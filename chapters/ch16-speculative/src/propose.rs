@@ -4,7 +4,34 @@ use ch02::Tokenizer;
 use ch04::sampling::argmax;
 use ch04::{ForwardError, Model, Session};
 use ch05::{Cached, ContiguousCache};
-use ch07::Proposer;
+
+// ANCHOR: proposer
+/// Guesses the tokens that follow a sequence, for the model to check all at once: a guess
+/// costs the model nothing until it is checked, and a wrong one costs only the row it adds to
+/// the batch. A proposer should be cheap and, where it cannot guess well, propose nothing.
+/// Checked one sequence at a time by [`speculate`](crate::speculate()), and inside chapter 7's
+/// continuous batch as each request's lookahead ([`Guessed`](crate::batched::Guessed)).
+pub trait Proposer {
+    /// Append to `out` up to `max` tokens guessed to follow `tokens` (the prompt and every
+    /// token generated so far).
+    fn propose(
+        &mut self,
+        tokens: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ForwardError>;
+
+    /// Of the last `proposed` guesses, the model agreed with the first `accepted`: a proposer
+    /// that adapts how much it guesses learns it here.
+    fn checked(&mut self, _proposed: usize, _accepted: usize) {}
+
+    /// How many of the guesses offered to check whatever they cost (llama.cpp's
+    /// `--draft-min`); the batch checks more only where they pay for their rows.
+    fn at_least(&self) -> usize {
+        0
+    }
+}
+// ANCHOR_END: proposer
 
 // ANCHOR: lookup
 /// Prompt lookup (n-gram) decoding: find the last `n` tokens of the sequence earlier in it —
@@ -216,7 +243,7 @@ impl DraftLength {
 // ANCHOR: adaptive
 /// A proposer that guesses as many tokens as its [`DraftLength`] says, and learns how they
 /// fared from whoever checks them ([`Proposer::checked`]): how each request of a server
-/// guesses, since chapter 7's scheduler checks the guesses there (at least `at_least` of
+/// guesses, since its guesses are checked in chapter 7's batch there (at least `at_least` of
 /// them, whatever they cost).
 #[derive(Debug, Clone)]
 pub struct Adaptive<P> {

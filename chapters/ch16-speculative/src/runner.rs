@@ -3,12 +3,12 @@
 //! run` checks the flags ([`check`]), opens the draft model ([`open_draft`]) and builds a
 //! [`SpecRunner`] with its [`proposer`].
 
+use crate::propose::Proposer;
 use crate::propose::{DraftLength, DraftModel, PromptLookup};
 use crate::speculate::{SpecStats, speculate};
 use ch04::cli::{ContextFull, Report, Runner};
 use ch04::{ForwardError, GenParams, Generation};
 use ch05::{Cached, ContiguousCache};
-use ch07::Proposer;
 use ch08::FastLoader;
 use ch10::engine::{self, Engine, EngineArgs, report_engine};
 use std::error::Error;

@@ -15,10 +15,10 @@
 //! `p` restricted to tokens other than `g`.
 
 use crate::propose::DraftLength;
+use crate::propose::Proposer;
 use ch02::Tokenizer;
 use ch04::{ForwardError, GenParams, Generation, Generator, NonFinite, StepError, StopReason};
 use ch05::{Cached, ContiguousCache};
-use ch07::Proposer;
 use std::time::{Duration, Instant};
 
 /// How the guesses fared.

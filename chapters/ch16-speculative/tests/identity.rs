@@ -4,10 +4,10 @@
 
 use ch04::{ForwardError, GenParams, SamplerParams, generate};
 use ch05::{Cached, ContiguousCache};
-use ch07::Proposer;
 use ch08::{FastLoader, PoolKind, new_pool};
 use ch10::engine::{Engine, LoadMode};
 use ch10::mapped::MapOptions;
+use ch16::Proposer;
 use ch16::{DraftLength, DraftModel, PromptLookup, SpecStats, speculate};
 use proptest::prelude::*;
 use std::sync::OnceLock;

@@ -19,7 +19,7 @@ pub struct EngineArgs {
     pub no_mmap: bool,
     /// `madvise` hint for the mapped file; `None` chooses: `WillNeed` when the matrices are
     /// repacked (the load reads every page anyway, and reading ahead of the packer made a cold
-    /// 8B load 1.7× faster, chapter 14's table), no hint otherwise.
+    /// 8B load 1.7× faster), no hint otherwise.
     pub advice: Option<PageAdvice>,
     /// Read every page of the file while mapping it (`MAP_POPULATE`), before the first token.
     pub populate: bool,

@@ -18,7 +18,7 @@ pub trait ModelFiles: Send + Sync + std::fmt::Debug {
     fn open(&self, path: &Path, mode: LoadMode) -> Result<Opened, Box<dyn Error>>;
 
     /// The header of the model at `path` (metadata and tensor descriptions), reading as
-    /// little as it can: what chapter 14 plans a run's memory from.
+    /// little as it can: enough to plan a run's memory before anything is mapped.
     fn header(&self, path: &Path) -> Result<Gguf, Box<dyn Error>>;
 }
 

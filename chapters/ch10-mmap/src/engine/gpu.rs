@@ -55,7 +55,9 @@ fn run_gpu_on<B: AsRef<[u8]>>(
         n_ctx: g.ctx,
         max_batch: MAX_BATCH_TOKENS,
     };
-    let model = ch09::GpuModel::load(gpu, file, opts).map_err(|e| in_file(path, e))?;
+    // Chapter 9's GPU architectures: a file of another one is refused by name.
+    let archs = ch09::gpu_architectures();
+    let model = ch09::GpuModel::load(gpu, file, &archs, opts).map_err(|e| in_file(path, e))?;
     let load_time = t0.elapsed();
     if !g.json {
         eprintln!(

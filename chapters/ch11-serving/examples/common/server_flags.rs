@@ -1,6 +1,6 @@
 //! Chapter 11's command line: the `server` example's flags (llama-server's names), turned into
 //! chapter 11's [`ServeArgs`], and its `main`. The `exchange` example takes the same flags, and
-//! chapter 12's production server adds its own to them: they include this file
+//! a bigger server may add its own to them: they include this file
 //! (`#[path = …] mod server_flags;`), so the flags are declared once.
 
 // Not every program that includes this file calls each of its functions.
@@ -10,7 +10,7 @@ use ch04::Architectures;
 use ch05::{CacheTypes, RowType};
 use ch06::cache::cache_row_type;
 use ch10::GgufFiles;
-use ch11::{NoGuessing, ServeArgs, TextOnly};
+use ch11::{Predicted, ServeArgs, TextOnly};
 use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
 
@@ -98,7 +98,7 @@ impl Server {
             archs,
             files: std::sync::Arc::new(GgufFiles),
             formats: std::sync::Arc::new(TextOnly),
-            guessing: std::sync::Arc::new(NoGuessing),
+            lookaheads: std::sync::Arc::new(Predicted),
         }
     }
 }

@@ -14,7 +14,7 @@
 //! One file for each part: `request.rs` the two endpoints' bodies and their own fields,
 //! `sampling.rs` the fields they share and how they are checked, `unsupported.rs` what is
 //! refused, `response.rs` the responses and stream chunks, `error.rs` the errors, and
-//! `seams.rs` what later chapters hand in (the output forms, who guesses tokens).
+//! `seams.rs` what later chapters hand in (the output forms, what a request feeds ahead).
 
 mod error;
 mod request;
@@ -29,7 +29,7 @@ pub use response::{Endpoint, Head, Usage, finish_reason};
 pub use sampling::{
     Field, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_TEMPERATURE, Sampling, Stop, StreamOptions,
 };
-pub use seams::{Cancel, Formats, Guessing, NoGuessing, TextOnly};
+pub use seams::{Cancel, Formats, Lookaheads, Predicted, TextOnly};
 pub use unsupported::{CHAIN, STAGES_OFF, UNSUPPORTED};
 
 // Only for the documentation's links:

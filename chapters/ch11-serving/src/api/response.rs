@@ -20,15 +20,15 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens found in the prefix cache.
     pub cached_tokens: usize,
-    /// Tokens guessed ahead and checked, and those the model agreed with.
-    pub proposed_tokens: usize,
-    pub accepted_tokens: usize,
+    /// Tokens fed ahead (chapter 7's lookahead), and those kept.
+    pub fed_ahead_tokens: usize,
+    pub kept_ahead_tokens: usize,
 }
 
 impl Usage {
-    /// OpenAI's usage object. A request whose tokens were guessed ahead also gets
-    /// `completion_tokens_details` with OpenAI's names for guessed tokens kept and thrown away
-    /// (`accepted_prediction_tokens`, `rejected_prediction_tokens`).
+    /// OpenAI's usage object. A request that fed tokens ahead (its prediction, say) also gets
+    /// `completion_tokens_details` with OpenAI's names for the predicted tokens kept and thrown
+    /// away (`accepted_prediction_tokens`, `rejected_prediction_tokens`).
     pub fn to_json(self) -> Value {
         let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
@@ -36,10 +36,10 @@ impl Usage {
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
         });
-        if self.proposed_tokens > 0 {
+        if self.fed_ahead_tokens > 0 {
             v["completion_tokens_details"] = json!({
-                "accepted_prediction_tokens": self.accepted_tokens,
-                "rejected_prediction_tokens": self.proposed_tokens - self.accepted_tokens,
+                "accepted_prediction_tokens": self.kept_ahead_tokens,
+                "rejected_prediction_tokens": self.fed_ahead_tokens - self.kept_ahead_tokens,
             });
         }
         v

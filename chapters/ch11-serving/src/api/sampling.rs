@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 // Only for the documentation's links:
 #[cfg(doc)]
-use super::{CHAIN, Formats, Guessing, UNSUPPORTED};
+use super::{CHAIN, Formats, Lookaheads, UNSUPPORTED};
 
 /// Most stop strings a request may give (OpenAI allows 4).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -60,10 +60,14 @@ pub struct Sampling {
     /// OpenAI's hint of which requests share a prompt prefix, so that its servers route them
     /// together: accepted, since this server's prefix cache finds a shared prefix by itself.
     pub prompt_cache_key: Option<Field<String>>,
-    /// llama-server's fields: most tokens guessed ahead per step for this request (0: none),
-    /// where the server guesses ([`Guessing`]; the server's own limit bounds it); guesses to
-    /// check each step whatever they cost; and the probability a guess must have (only 0:
-    /// [`Guessing`] is asked for a number of guesses, with no probability to hold them to).
+    /// OpenAI's predicted output, `{"type": "content", "content": …}` (a string or text
+    /// parts): what the client expects the answer to be, fed ahead where the server's
+    /// [`Lookaheads`] take it. Read through [`Sampling::prediction`].
+    prediction: Option<Value>,
+    /// llama-server's fields for its speculative decoding, handed to the server's
+    /// [`Lookaheads`]: most tokens fed ahead per step for this request (0: none; the server's
+    /// own limit bounds it), how many to feed each step whatever they cost, and the
+    /// probability a token fed must have (only 0: no probability is computed to hold them to).
     /// Each may also be given inside an object, `"speculative": {"n_max": 4}`, but not both ways.
     /// Read through [`Sampling::speculative_n_max`] and [`Sampling::speculative_n_min`].
     #[serde(rename = "speculative.n_max")]
@@ -138,6 +142,7 @@ impl Sampling {
     /// 400 naming the field.
     pub fn params(&self) -> Result<(GenParams, Option<usize>), ApiError> {
         self.check_rest()?;
+        self.prediction()?;
         self.speculative()?;
         self.check_samplers()?;
         read("prompt_cache_key", &self.prompt_cache_key)?;
@@ -257,16 +262,52 @@ impl Sampling {
         Ok((params, max_tokens))
     }
 
-    /// This request's `speculative.n_max`, for [`Guessing::proposer`] (checked by
+    /// This request's `speculative.n_max`, for the server's [`Lookaheads`] (checked by
     /// [`Sampling::params`]).
     pub fn speculative_n_max(&self) -> Option<u64> {
         self.speculative().ok().and_then(|(n_max, _)| n_max)
     }
 
-    /// This request's `speculative.n_min`, for [`Guessing::proposer`] (checked by
+    /// This request's `speculative.n_min`, for the server's [`Lookaheads`] (checked by
     /// [`Sampling::params`]).
     pub fn speculative_n_min(&self) -> Option<u64> {
         self.speculative().ok().and_then(|(_, n_min)| n_min)
+    }
+
+    /// The text of `prediction`, if given (`None` where absent or null): `{"type": "content",
+    /// "content": …}`, its content a string or a list of `{"type": "text", "text": …}` parts,
+    /// joined. Anything else is a 400 naming the field.
+    pub fn prediction(&self) -> Result<Option<String>, ApiError> {
+        let bad = |why: &str| {
+            ApiError::invalid(
+                "prediction",
+                format!("`prediction` must be {{\"type\": \"content\", \"content\": …}}: {why}"),
+            )
+        };
+        let Some(p) = self.prediction.as_ref().filter(|p| !p.is_null()) else {
+            return Ok(None);
+        };
+        let p = p.as_object().ok_or_else(|| bad("it is not an object"))?;
+        if let Some(k) = p.keys().find(|k| *k != "type" && *k != "content") {
+            return Err(bad(&format!("{} is not one of its fields", echo(k))));
+        }
+        if p.get("type") != Some(&json!("content")) {
+            return Err(bad("its type is not \"content\""));
+        }
+        match p.get("content") {
+            Some(Value::String(t)) => Ok(Some(t.clone())),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.get("type"), part.get("text")) {
+                        (Some(k), Some(Value::String(t))) if k == "text" => text.push_str(t),
+                        _ => return Err(bad("a part of its content is not a text part")),
+                    }
+                }
+                Ok(Some(text))
+            }
+            _ => Err(bad("its content is not a string or a list of text parts")),
+        }
     }
 
     /// `speculative.n_max` and `speculative.n_min`, each given as llama-server's field or
@@ -306,8 +347,8 @@ impl Sampling {
             return Err(ApiError::invalid(
                 "speculative.p_min",
                 format!(
-                    "`speculative.p_min` is {p}; this server accepts only 0: a request's guesses \
-                     are a number of tokens, not held to a probability"
+                    "`speculative.p_min` is {p}; this server accepts only 0: what a request feeds \
+                     ahead is a number of tokens, not held to a probability"
                 ),
             ));
         }

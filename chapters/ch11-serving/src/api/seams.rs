@@ -1,11 +1,11 @@
 //! The seams through which a later chapter changes what a request may ask for: the output
-//! forms it may take ([`Formats`], chapter 15) and who guesses its next tokens ([`Guessing`],
-//! chapter 16) — each with this chapter's own, which asks for nothing — and the flag that
-//! tells their work a request was given up ([`Cancel`]).
+//! forms it may take ([`Formats`]; this chapter's own is plain text) and what it feeds ahead
+//! ([`Lookaheads`]; this chapter's own feeds the output the client predicted) — and the flag
+//! that tells their work a request was given up ([`Cancel`]).
 
-use super::ApiError;
+use super::{ApiError, Sampling};
 use ch04::MakeRule;
-use ch07::Proposer;
+use ch07::{Known, Lookahead};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -86,24 +86,39 @@ impl Formats for TextOnly {
 }
 // ANCHOR_END: formats
 
-// ANCHOR: guessing
-/// Who guesses a request's next tokens for chapter 7's scheduler to check ([`Proposer`]). The
-/// server holds one value of this ([`ServeArgs::guessing`](crate::ServeArgs::guessing)): this
-/// chapter's [`NoGuessing`], or one that a later chapter hands in. Guesses never change what a
-/// request generates, only how many steps it takes.
-pub trait Guessing: Send + Sync + std::fmt::Debug {
-    /// A proposer for a request whose `speculative.n_max` and `speculative.n_min` are `n_max`
-    /// and `n_min` (`None` where absent): `None` for no guessing.
-    fn proposer(&self, n_max: Option<u64>, n_min: Option<u64>) -> Option<Box<dyn Proposer + Send>>;
+// ANCHOR: lookaheads
+/// What a request feeds ahead of its decode tokens, for chapter 7's scheduler to keep where
+/// the model agrees ([`Lookahead`]): the output never changes, only the steps it takes. The
+/// server holds one value of this ([`ServeArgs::lookaheads`](crate::ServeArgs::lookaheads)):
+/// this chapter's [`Predicted`], or one that a later chapter hands in.
+pub trait Lookaheads: Send + Sync + std::fmt::Debug {
+    /// The lookahead of a request whose prompt has `prompt_len` tokens, whose client predicted
+    /// the output `predicted` (OpenAI's `prediction`, tokenized; empty where absent), with its
+    /// fields `sampling`; `None` for none.
+    fn lookahead(
+        &self,
+        prompt_len: usize,
+        predicted: Vec<u32>,
+        sampling: &Sampling,
+    ) -> Option<Box<dyn Lookahead + Send>>;
 }
 
-/// Guesses nothing: every request decodes a token a step.
+/// OpenAI's predicted outputs: the text the client expects the answer to be (an edited file,
+/// say), fed ahead as chapter 7's [`Known`] continuation, as far as the model agrees. The
+/// response's `usage` counts the predicted tokens kept (`accepted_prediction_tokens`) and those
+/// not (`rejected_prediction_tokens`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoGuessing;
+pub struct Predicted;
 
-impl Guessing for NoGuessing {
-    fn proposer(&self, _: Option<u64>, _: Option<u64>) -> Option<Box<dyn Proposer + Send>> {
-        None
+impl Lookaheads for Predicted {
+    fn lookahead(
+        &self,
+        prompt_len: usize,
+        predicted: Vec<u32>,
+        _: &Sampling,
+    ) -> Option<Box<dyn Lookahead + Send>> {
+        (!predicted.is_empty())
+            .then(|| Box::new(Known::new(prompt_len, predicted)) as Box<dyn Lookahead + Send>)
     }
 }
-// ANCHOR_END: guessing
+// ANCHOR_END: lookaheads

@@ -34,7 +34,6 @@ pub const UNSUPPORTED: &[(&str, &[&str], &str)] = &[
     ("verbosity", &[], "the server bounds an answer by max_tokens only"),
     ("modalities", &[r#"["text"]"#], "the server generates text only"),
     ("audio", &[], "the server generates text only"),
-    ("prediction", &[], "the server takes no predicted output"),
     ("web_search_options", &[], "the server does not search the web"),
     ("cache_prompt", &["true"], "the server always reuses a cached prompt prefix"),
     ("mirostat", &["0"], "the sampler chain has no mirostat"),
@@ -213,7 +212,6 @@ mod tests {
             ("service_tier", json!("flex")),
             ("reasoning_effort", json!("low")),
             ("modalities", json!(["text", "audio"])),
-            ("prediction", json!({"type": "content", "content": "x"})),
             ("audio", json!({"voice": "alloy"})),
             ("web_search_options", json!({})),
             ("mirostat", json!(2)),
@@ -245,7 +243,7 @@ mod tests {
             "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
             "dry_sequence_breakers": ["\n", ":", "\"", "*"], "xtc_probability": 0,
             "xtc_threshold": 0.1, "n_probs": 0, "cache_prompt": true, "audio": null,
-            "prompt_cache_key": "tenant-7"});
+            "prompt_cache_key": "shared-prefix-7"});
         assert!(sampling(harmless).is_ok());
         for (field, value) in [
             ("max_tokens", json!(-5)),

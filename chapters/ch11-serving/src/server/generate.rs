@@ -11,7 +11,7 @@ use axum::extract::Extension;
 use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
 use ch04::GenParams;
-use ch07::Proposer;
+use ch07::Lookahead;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -19,9 +19,9 @@ use tokio::sync::mpsc::unbounded_channel;
 
 // Only for the documentation's links:
 #[cfg(doc)]
-use super::Tenant;
+use super::CachePartition;
 #[cfg(doc)]
-use crate::api::Guessing;
+use crate::api::Lookaheads;
 
 /// A checked request, ready to run.
 pub(super) struct Generate {
@@ -33,10 +33,10 @@ pub(super) struct Generate {
     asked: Option<usize>,
     stream: bool,
     include_usage: bool,
-    /// The prefix cache's partition ([`Tenant`]).
-    pub(super) cache_salt: u64,
-    /// Who guesses its next tokens ([`Guessing`]), if anyone.
-    pub(super) proposer: Option<Box<dyn Proposer + Send>>,
+    /// The prefix cache's partition ([`CachePartition`]).
+    pub(super) partition: u64,
+    /// What it feeds ahead ([`Lookaheads`]), if anything.
+    pub(super) lookahead: Option<Box<dyn Lookahead + Send>>,
 }
 
 impl Generate {
@@ -59,9 +59,15 @@ impl Generate {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
-            cache_salt: 0,
-            proposer: None,
+            partition: 0,
+            lookahead: None,
         }
+    }
+}
+
+impl Generate {
+    pub(super) fn prompt_len(&self) -> usize {
+        self.prompt.len()
     }
 }
 
@@ -82,8 +88,8 @@ pub(super) async fn generate(
         asked,
         stream,
         include_usage,
-        cache_salt,
-        proposer,
+        partition,
+        lookahead,
     } = request;
     let param = match endpoint {
         Endpoint::Chat => "messages",
@@ -122,8 +128,8 @@ pub(super) async fn generate(
         prompt,
         params,
         deadline,
-        cache_salt,
-        proposer,
+        partition,
+        lookahead,
         events: tx,
     };
     place.ticket = Some(
@@ -167,8 +173,8 @@ pub(super) async fn generate(
                     prompt_tokens,
                     completion_tokens: o.completion_tokens,
                     cached_tokens: o.cached_tokens,
-                    proposed_tokens: o.proposed_tokens,
-                    accepted_tokens: o.accepted_tokens,
+                    fed_ahead_tokens: o.fed_ahead_tokens,
+                    kept_ahead_tokens: o.kept_ahead_tokens,
                 };
                 return Ok(axum::Json(head.response(&text, o.stop, usage)).into_response());
             }

@@ -4,8 +4,8 @@
 
 use super::generate::{Generate, generate};
 use super::place::Place;
-use super::{AppState, Loaded, Preparing, RequestLabel, Tenant};
-use crate::api::{ApiError, Cancel, ChatRequest, CompletionRequest, Endpoint, Prompt};
+use super::{AppState, CachePartition, Loaded, Preparing, RequestLabel};
+use crate::api::{ApiError, Cancel, ChatRequest, CompletionRequest, Endpoint, Prompt, Sampling};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
@@ -105,6 +105,15 @@ fn check_text_bytes(l: &Loaded, param: &'static str, bytes: usize) -> Result<(),
     }
 }
 
+/// The text of the request's `prediction`, checked as any text is before it is tokenized.
+fn prediction(l: &Loaded, sampling: &Sampling) -> Result<Option<String>, ApiError> {
+    let predicted = sampling.prediction()?;
+    if let Some(p) = &predicted {
+        check_text_bytes(l, "prediction", p.len())?;
+    }
+    Ok(predicted)
+}
+
 fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
     match asked {
         Some(m) if !m.is_empty() && m != l.model_id => Err(ApiError::unknown_model(m, &l.model_id)),
@@ -117,7 +126,7 @@ fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
 pub(super) async fn chat(
     State(s): State<Arc<AppState>>,
     label: Option<Extension<RequestLabel>>,
-    tenant: Option<Extension<Tenant>>,
+    partition: Option<Extension<CachePartition>>,
     turn: Option<Extension<Preparing>>,
     body: Body,
 ) -> Response {
@@ -138,6 +147,7 @@ pub(super) async fn chat(
             "messages",
             messages.iter().map(|m| m.content.len()).sum(),
         )?;
+        let predicted = prediction(l, &req.sampling)?;
         if l.engine.template.is_none() {
             return Err(ApiError::invalid(
                 "messages",
@@ -148,8 +158,11 @@ pub(super) async fn chat(
         let place = Place::take(&s, l)?;
         // Rendering and tokenizing a long conversation takes milliseconds: off the runtime.
         let engine = Arc::clone(&l.engine);
-        let prompt = place
-            .prepare(deadline, None, move |_| encode_chat(&engine, &messages))
+        let (prompt, predicted) = place
+            .prepare(deadline, None, move |_| {
+                let predicted = predicted.map(|p| engine.tokenizer.encode(&p, false, false));
+                Ok((encode_chat(&engine, &messages)?, predicted))
+            })
             .await?;
         turn.done();
         // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
@@ -157,10 +170,11 @@ pub(super) async fn chat(
         params.rule = form.or(params.rule.take());
         let mut request =
             Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
-        request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
-        request.proposer = l.guessing.proposer(
-            req.sampling.speculative_n_max(),
-            req.sampling.speculative_n_min(),
+        request.partition = partition.map_or(0, |Extension(CachePartition(p))| p);
+        request.lookahead = l.lookaheads.lookahead(
+            request.prompt_len(),
+            predicted.unwrap_or_default(),
+            &req.sampling,
         );
         generate(&s, l, request, place, deadline).await
     };
@@ -182,7 +196,7 @@ fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiErr
 pub(super) async fn completions(
     State(s): State<Arc<AppState>>,
     label: Option<Extension<RequestLabel>>,
-    tenant: Option<Extension<Tenant>>,
+    partition: Option<Extension<CachePartition>>,
     turn: Option<Extension<Preparing>>,
     body: Body,
 ) -> Response {
@@ -200,16 +214,19 @@ pub(super) async fn completions(
         if let Prompt::Text(text) = &prompt {
             check_text_bytes(l, "prompt", text.len())?;
         }
+        let predicted = prediction(l, &req.sampling)?;
         let place = Place::take(&s, l)?;
-        let prompt = match prompt {
-            Prompt::Tokens(ids) => ids,
-            Prompt::Text(text) => {
-                let engine = Arc::clone(&l.engine);
-                let tokenize = move |_: &Cancel| Ok(engine.tokenizer.encode(&text, true, true));
-                place.prepare(deadline, None, tokenize).await?
-            }
-            Prompt::Texts(_) => unreachable!("prompt() returns one text"),
+        let engine = Arc::clone(&l.engine);
+        let tokenize = move |_: &Cancel| {
+            let prompt = match prompt {
+                Prompt::Tokens(ids) => ids,
+                Prompt::Text(text) => engine.tokenizer.encode(&text, true, true),
+                Prompt::Texts(_) => unreachable!("prompt() returns one text"),
+            };
+            let predicted = predicted.map(|p| engine.tokenizer.encode(&p, false, false));
+            Ok((prompt, predicted))
         };
+        let (prompt, predicted) = place.prepare(deadline, None, tokenize).await?;
         turn.done();
         // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
         let form = place.form(&s, l, body, &req.sampling, deadline).await?;
@@ -223,10 +240,11 @@ pub(super) async fn completions(
             asked,
             &req.sampling,
         );
-        request.cache_salt = tenant.map_or(0, |Extension(t)| t.salt);
-        request.proposer = l.guessing.proposer(
-            req.sampling.speculative_n_max(),
-            req.sampling.speculative_n_min(),
+        request.partition = partition.map_or(0, |Extension(CachePartition(p))| p);
+        request.lookahead = l.lookaheads.lookahead(
+            request.prompt_len(),
+            predicted.unwrap_or_default(),
+            &req.sampling,
         );
         generate(&s, l, request, place, deadline).await
     };

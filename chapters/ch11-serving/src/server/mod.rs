@@ -23,7 +23,8 @@ mod stream;
 pub use admit::declared_length;
 pub use handlers::{is_length_limit, model_card};
 pub use state::{
-    AppState, Limits, Loaded, Preparing, RequestLabel, Tenant, body_limit_for, max_text_bytes,
+    AppState, CachePartition, Limits, Loaded, Preparing, RequestLabel, body_limit_for,
+    max_text_bytes,
 };
 
 use crate::api::ApiError;
@@ -42,7 +43,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     finish(routes().route("/health", get(health)), state)
 }
 
-/// OpenAI's routes, without a state yet: [`router`] adds `/health`; chapter 12 adds its own.
+/// OpenAI's routes, without a state yet: [`router`] adds `/health`; a bigger server adds its
+/// own.
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/chat/completions", post(chat))

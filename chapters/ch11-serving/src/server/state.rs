@@ -2,9 +2,9 @@
 //! loaded, the count of requests in flight, the turns to prepare them, and whether the server
 //! drains — with the limits that follow from the model ([`max_text_bytes`],
 //! [`body_limit_for`]) and what a layer in front of the routes may tell a handler about a
-//! request ([`RequestLabel`], [`Tenant`], [`Preparing`]).
+//! request ([`RequestLabel`], [`CachePartition`], [`Preparing`]).
 
-use crate::api::{Formats, Guessing};
+use crate::api::{Formats, Lookaheads};
 use crate::worker::Worker;
 use ch10::Engine;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -56,8 +56,8 @@ pub struct Loaded {
     pub body_limit: usize,
     /// The output forms requests may ask for ([`ServeArgs::formats`](crate::ServeArgs)).
     pub formats: Arc<dyn Formats>,
-    /// Who guesses requests' next tokens ([`ServeArgs::guessing`](crate::ServeArgs)).
-    pub guessing: Arc<dyn Guessing>,
+    /// What requests feed ahead ([`ServeArgs::lookaheads`](crate::ServeArgs)).
+    pub lookaheads: Arc<dyn Lookaheads>,
 }
 
 /// Most bytes of text that `n_ctx` tokens can cover: no token covers more than the longest
@@ -114,19 +114,17 @@ pub struct AppState {
     pub(super) started: u64,
 }
 
-/// A request's name, put in its extensions by a layer in front of the routes (chapter 12's
-/// request id). The engine thread's [`Job::label`] is this, or the response's id without one.
+/// A request's name, put in its extensions by a layer in front of the routes (a request id
+/// it was sent with, say). The engine thread's [`Job::label`] is this, or the response's id without one.
 #[derive(Debug, Clone)]
 pub struct RequestLabel(pub Arc<str>);
 
-/// Who sent a request, put in its extensions by a layer in front of the routes that knows
-/// (chapter 12's API keys): its requests read and fill the prefix cache's partition `salt`
-/// only, so no other client can learn from a cache hit — or from `cached_tokens` — what it
-/// sent. A request without one is in partition 0.
+/// The prefix cache's partition a request reads and fills (chapter 7's
+/// [`Submit::partition`](ch07::Submit)), put in its extensions by a layer in front of the
+/// routes that knows who sent it: a request in another partition cannot learn from a cache
+/// hit — or from `cached_tokens` — what it sent. A request without one is in partition 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenant {
-    pub salt: u64,
-}
+pub struct CachePartition(pub u64);
 
 impl AppState {
     pub fn new(limits: Limits) -> Arc<AppState> {
@@ -180,7 +178,7 @@ impl AppState {
 }
 
 /// A request's turn to be prepared ([`AppState::preparing`]). A layer in front of the routes
-/// that reads the body itself (chapter 12's) takes the turn first and puts it in the
+/// that reads the body itself takes the turn first and puts it in the
 /// request's extensions; the handler keeps it until the prompt is tokenized.
 #[derive(Clone)]
 pub struct Preparing(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);

@@ -68,8 +68,8 @@ pub(super) fn sse_events(
                                 prompt_tokens: o.prompt_tokens,
                                 completion_tokens: o.completion_tokens,
                                 cached_tokens: o.cached_tokens,
-                                proposed_tokens: o.proposed_tokens,
-                                accepted_tokens: o.accepted_tokens,
+                                fed_ahead_tokens: o.fed_ahead_tokens,
+                                kept_ahead_tokens: o.kept_ahead_tokens,
                             })));
                         }
                         let last = head.chunk(None, false, Some(o.stop));

@@ -44,7 +44,7 @@ pub fn args() -> ServeArgs {
         archs: ch04::architectures(),
         files: std::sync::Arc::new(ch10::GgufFiles),
         formats: std::sync::Arc::new(ch11::TextOnly),
-        guessing: std::sync::Arc::new(ch11::NoGuessing),
+        lookaheads: std::sync::Arc::new(ch11::Predicted),
     }
 }
 
