@@ -21,7 +21,7 @@
 //!   one at a time.
 //!
 //! The scheduler runs any [`BatchModel`]: here chapter 6's scalar kernels, and from chapter 10
-//! on the finished engine's (chapter 8's kernels over mapped weights), which runs even a single
+//! on chapter 10's engine's (chapter 8's kernels over mapped weights), which runs even a single
 //! prompt through it. Requests come from a loop in the same process; chapter 11 puts a network
 //! in front.
 

@@ -1,4 +1,4 @@
-//! Chapter 10: memory-mapped loading, and the finished engine.
+//! Chapter 10: memory-mapped loading, and the engine the later chapters extend.
 //!
 //! Until now every chapter read the model file into a `Vec<u8>` and copied each weight out of
 //! it: the weights existed twice while loading, and every run paid a full read before its first
@@ -23,7 +23,7 @@
 //!   [`ModelFiles`], how a model path becomes a GGUF image ([`GgufFiles`] here; a later
 //!   chapter reads other formats through it).
 //!
-//! The `engine` example is the finished engine, the sum of the chapters: chapter 4's
+//! The `engine` example is the engine, the sum of the chapters so far: chapter 4's
 //! command line, chapter 7's scheduler with the paged and prefix caches, chapter 8's kernels
 //! (repacked by default where the CPU has the micro-kernel) and this chapter's mapped file:
 //! `cargo run --release -p ch10 --example engine -- [--model PATH] [PROMPT]`, or `--chat`.

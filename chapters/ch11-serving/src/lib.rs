@@ -1,7 +1,7 @@
 //! Chapter 11: serving — the engine as a service that many clients use at once.
 //!
 //! Chapter 7's scheduler already runs many requests in the same forward passes; chapter 10
-//! made it the finished engine. This chapter puts an HTTP server in front of it that speaks
+//! made it the engine. This chapter puts an HTTP server in front of it that speaks
 //! the OpenAI API, as llama-server, vLLM and TGI do, so that any OpenAI client can use it:
 //! - [`api`]: the requests and responses as JSON, OpenAI's error shape, and the checks that
 //!   turn a request's fields into chapter 4's [`GenParams`] (each bad value a 400 naming it);

@@ -347,7 +347,7 @@ fn a_shared_system_prompt_is_computed_once() {
 }
 
 #[test]
-fn greedy_answers_equal_the_finished_engines() {
+fn greedy_answers_equal_chapter_10s_engines() {
     let a = args();
     let s = start(a.clone());
     let loaded = ch11::load(&a).unwrap();
