@@ -23,6 +23,10 @@ LISTING_MAX_LINES = 60
 STUB_WIDTH = 100
 
 INCLUDE = re.compile(r"\{\{#(include|rustdoc_include)\s+([^}\s]+)\s*\}\}")
+# A number of the prose taken from a generated table: `{{#cell generated/FILE.md row=R col=C}}`
+# is the cell of column C (its header) in the row whose first cell is R (scripts/book-listings
+# puts it in; quote a value with spaces: col="tok/s wall").
+CELL = re.compile(r"\{\{#cell\s+([^}]+)\}\}")
 MARKER = re.compile(r"ANCHOR(_END)?:\s*\w+")
 
 
@@ -96,14 +100,15 @@ def region(lines, anchor, path):
     return begin[0], end[0]
 
 
-def included_lines(base, target, stubs=None):
+def included_lines(base, target, stubs=None, found=None):
     """The lines `{{#include target}}` puts into a page whose directory is `base`, or None when
     it cannot be resolved: the lines between `ANCHOR: name` and `ANCHOR_END: name`, without
     the lines that hold anchor markers, not dedented (mdBook's rules); line ranges `a:b`
     (1-based, inclusive) and whole files too.
 
     With `stubs` (what `exercises()` returns), each workbench region inside is replaced by its
-    exercise stub, as the book shows it."""
+    exercise stub, as the book shows it; `found`, a list, then gets (source path, anchor) of
+    each region replaced."""
     path_part, _, sel = target.partition(":")
     path = (base / path_part).resolve()
     if not path.is_file():
@@ -135,10 +140,96 @@ def included_lines(base, target, stubs=None):
             chapter, _, w = regions[m.group(1)]
             out += stub(re.match(r"\s*", line).group(0), chapter, w)
             skipping = m.group(1)
+            if found is not None:
+                found.append((path, m.group(1)))
             continue
         if not MARKER.search(line):
             out.append(line)
     return out if inside else None
+
+
+def _cells(text):
+    """The cells of a markdown table row, without emphasis and code marks."""
+    return [c.strip().strip("*`").strip() for c in text.strip().strip("|").split("|")]
+
+
+def cell(base, spec):
+    """The text of `{{#cell spec}}` on a page whose directory is `base` (see CELL), or an
+    error message (a str starting with "error: ") naming what is missing."""
+    import shlex
+    words = shlex.split(spec)
+    if not words:
+        return "error: {{#cell}} names no file"
+    path, opts = base / words[0], dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    if set(opts) != {"row", "col"} or len(words) != 3:
+        return f"error: {{{{#cell {spec}}}}}: give a file, row=… and col=…"
+    if not path.is_file():
+        return f"error: {{{{#cell {spec}}}}}: no file {words[0]}"
+    header = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.lstrip().startswith("|"):
+            header = None
+            continue
+        row = _cells(line)
+        if header is None:
+            header = row
+        elif row[0] == opts["row"] and opts["col"] in header:
+            k = header.index(opts["col"])
+            if k < len(row):
+                return row[k]
+    return f"error: {{{{#cell {spec}}}}}: no row {opts['row']!r} with a column {opts['col']!r}"
+
+
+def pages(root=ROOT):
+    """The book's pages, in SUMMARY.md's order."""
+    src = root / "book" / "src"
+    summary = (src / "SUMMARY.md").read_text(encoding="utf-8")
+    return [src / m.group(1) for m in re.finditer(r"\]\(([^)]+\.md)\)", summary)]
+
+
+def listing_includes(page):
+    """The `{{#include}}` targets of a page's listings: includes of the crates' code inside
+    fenced blocks (the generated outputs are not listings)."""
+    out, fence = [], None
+    for line in page.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\s*(```+|~~~+)", line)
+        if m:
+            fence = None if fence and m.group(1).startswith(fence) else fence or m.group(1)
+            continue
+        if fence:
+            out += [t.group(2) for t in INCLUDE.finditer(line)
+                    if not t.group(2).startswith("generated/")]
+    return out
+
+
+def shown_exercises(root=ROOT):
+    """(source path, anchor) of every workbench region a listing of the book shows as a stub:
+    its hints and reference go under that listing (scripts/book-listings), not in the
+    chapter's "Your turn" box."""
+    stubs = exercises(root)
+    shown = set()
+    for page in pages(root):
+        for target in listing_includes(page):
+            found = []
+            included_lines(page.parent, target, stubs, found)
+            shown.update(found)
+    return shown
+
+
+def ladder(w, include, heading):
+    """The folds of an exercise: its hints, each inside the one before, and last the reference
+    body (`include`, a `{{#include}}` target). `heading` names the exercise in the first fold."""
+    name = w["what"].split(": ", 1)[0]
+    lines, opened = [], 0
+    for k, text in enumerate(w["hints"]):
+        summary = f"{heading} <code>{name}</code>: a hint" if k == 0 else "A closer hint"
+        lines += ["<details>", f"<summary>{summary}</summary>", "", text, ""]
+        opened += 1
+    summary = "The reference" if w["hints"] else f"{heading} <code>{name}</code>: the reference"
+    lines += ["<details>", f"<summary>{summary}</summary>", "", "```rust",
+              f"{{{{#include {include}}}}}", "```", ""]
+    opened += 1
+    return lines + ["</details>"] * opened
 
 
 _PROGRAMS = {}
