@@ -411,10 +411,14 @@ pub fn quantize_row_q4_K_ref(x: &[f32], y: &mut [BlockQ4_K]) {
         }
     }
 }
+// ANCHOR_END: q4_K
 
-/// `dequantize_row_q4_K`.
+// ANCHOR: dequantize_q4_K
+/// `dequantize_row_q4_K`: `w = d · sc · q − dmin · m`, with sub-block `s`'s 6-bit scale `sc` and
+/// min `m` from [`get_scale_min_k4`].
 pub fn dequantize_row_q4_K(x: &[BlockQ4_K], y: &mut [f32]) {
     assert_eq!(y.len(), x.len() * QK_K, "dequantize_row_q4_K: lengths");
+    // ANCHOR: yours_dequantize_q4_K
     for (x, y) in x.iter().zip(y.chunks_exact_mut(QK_K)) {
         let d = x.d.to_f32();
         let min = x.dmin.to_f32();
@@ -430,8 +434,9 @@ pub fn dequantize_row_q4_K(x: &[BlockQ4_K], y: &mut [f32]) {
             }
         }
     }
+    // ANCHOR_END: yours_dequantize_q4_K
 }
-// ANCHOR_END: q4_K
+// ANCHOR_END: dequantize_q4_K
 
 // ANCHOR: q4_K_dot
 /// `ggml_vec_dot_q4_K_q8_K_generic`.

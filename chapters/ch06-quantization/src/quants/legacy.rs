@@ -52,7 +52,9 @@ pub fn dequantize_row_q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
     }
     // ANCHOR_END: yours_dequantize_q4_0
 }
+// ANCHOR_END: q4_0
 
+// ANCHOR: q4_0_dot
 /// `ggml_vec_dot_q4_0_q8_0_generic`: integer products within a block, one float multiply-add
 /// per block.
 pub fn vec_dot_q4_0_q8_0(n: usize, x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
@@ -74,7 +76,7 @@ pub fn vec_dot_q4_0_q8_0(n: usize, x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
     sumf
     // ANCHOR_END: yours_vec_dot_q4_0_q8_0
 }
-// ANCHOR_END: q4_0
+// ANCHOR_END: q4_0_dot
 
 /// Number of blocks in a dot product of `n` elements; panics on a violated precondition.
 pub(crate) fn check_dot(name: &str, n: usize, qk: usize, nx: usize, ny: usize) -> usize {
@@ -320,7 +322,9 @@ pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
     }
     // ANCHOR_END: yours_quantize_q8_0
 }
+// ANCHOR_END: q8_0
 
+// ANCHOR: q8_0_dot
 /// `dequantize_row_q8_0`.
 pub fn dequantize_row_q8_0(x: &[BlockQ8_0], y: &mut [f32]) {
     assert_eq!(y.len(), x.len() * QK8_0, "dequantize_row_q8_0: lengths");
@@ -345,7 +349,7 @@ pub fn vec_dot_q8_0_q8_0(n: usize, x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     }
     sumf
 }
-// ANCHOR_END: q8_0
+// ANCHOR_END: q8_0_dot
 
 /// `quantize_row_q8_1_ref`: Q8_0's codes, plus `s = d * sum(qs)` for the weights' min.
 pub fn quantize_row_q8_1_ref(x: &[f32], y: &mut [BlockQ8_1]) {

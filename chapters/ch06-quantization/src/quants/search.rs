@@ -250,6 +250,7 @@ pub fn make_qkx2_quants(
 }
 // ANCHOR_END: make_qkx2_quants_search
 
+// ANCHOR: get_scale_min_k4
 /// Scale and min of sub-block `j` from the 12 packed bytes of `BlockQ4_K`/`BlockQ5_K` (ggml's
 /// `get_scale_min_k4`). Sub-blocks 0-3 keep 6 bits in bytes 0-7; sub-blocks 4-7 keep their low
 /// four bits in bytes 8-11 and their top two in the spare top bits of bytes 0-7.
@@ -263,6 +264,7 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
         )
     }
 }
+// ANCHOR_END: get_scale_min_k4
 
 #[cfg(test)]
 mod tests {
