@@ -73,6 +73,7 @@ pub fn worth_checking(
     mut useful: f64,
     line: Option<(f64, f64)>,
 ) -> usize {
+    // ANCHOR: yours_worth_checking
     let Some((fixed, per_row)) = line else {
         return offered;
     };
@@ -87,6 +88,7 @@ pub fn worth_checking(
         useful += chance;
     }
     offered
+    // ANCHOR_END: yours_worth_checking
 }
 // ANCHOR_END: worth_checking
 
@@ -181,6 +183,11 @@ mod tests {
         // In between, the likelier first guesses pay and the later ones do not.
         let some = worth_checking(8, 0.8, 1.0, 1.0, Some((0.01, 0.01)));
         assert!((1..8).contains(&some), "{some}");
+        // By hand: the step of 1 row takes 0.02 s for 1 useful row, 50 a second. Guess 1 holds
+        // with chance 0.8 for 0.01 s more: 80 a second, kept. The step is then 2 rows, 1.8
+        // useful, 0.03 s (60 a second); guess 2 gives 0.64 in 0.01 s: 64 a second, kept. Then
+        // 3 rows, 2.44 useful, 0.04 s (61 a second); guess 3 gives 0.512: 51.2, not kept.
+        assert_eq!(some, 2);
         // Not known yet: all of them.
         assert_eq!(worth_checking(3, 0.1, 1.0, 1.0, None), 3);
     }

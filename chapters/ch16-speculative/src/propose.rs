@@ -62,6 +62,7 @@ impl Proposer for PromptLookup {
         max: usize,
         out: &mut Vec<u32>,
     ) -> Result<(), ForwardError> {
+        // ANCHOR: yours_lookup
         let len = tokens.len();
         for n in (self.min_ngram.max(1)..=self.max_ngram).rev() {
             if n >= len {
@@ -87,6 +88,7 @@ impl Proposer for PromptLookup {
             }
         }
         Ok(())
+        // ANCHOR_END: yours_lookup
     }
 }
 // ANCHOR_END: lookup
