@@ -77,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());
         PagedCache::try_typed(n_layer, kv_dim, 16, positions.div_ceil(16), cache)
     };
+    // ANCHOR: chunk
     // What `n` prompt tokens cost at the context the decode steps see: a chunk of `n` tokens
     // after the `prompt_tokens` of one sequence, one forward pass, in a cache of the chosen
     // type; best of three. The context before it is prefilled untimed.
@@ -95,6 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(best * 1e3)
     };
+    // ANCHOR_END: chunk
     println!(
         "{}: {} threads",
         path.file_name().unwrap_or_default().to_string_lossy(),
@@ -137,6 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 },
             })?;
         }
+        // ANCHOR: step
         let mut times = Vec::new();
         while times.len() < cli.steps && !sched.is_idle() {
             let t = Instant::now();
@@ -153,6 +156,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         times.sort_by(f64::total_cmp);
         let step = times[times.len() / 2] * 1e3;
         let (prompt, all) = (chunk_ms(n, false)?, chunk_ms(n, true)?);
+        // ANCHOR_END: step
         println!(
             "| {n} | {step:.1} | {:.1} | {prompt:.1} | {:.2} | {all:.1} | {:.2} |",
             n as f64 / step * 1e3,

@@ -85,6 +85,7 @@ fn product(factors: &[u64]) -> u64 {
 }
 
 impl Budget {
+    // ANCHOR: plan
     /// The budget of running the model `gguf` (configuration `c`) with a KV cache of `n_ctx`
     /// positions in `cache`'s types, its weights held as `holding` says.
     pub fn plan(
@@ -112,6 +113,7 @@ impl Budget {
             load_transient: 0,
             n_ctx,
         };
+        // ANCHOR: yours_plan_tensors
         let has_output = gguf.tensor("output.weight").is_some();
         for t in &gguf.tensors {
             b.file_weights = b.file_weights.saturating_add(t.n_bytes());
@@ -140,6 +142,7 @@ impl Budget {
                 None => {} // the tied output reads the embeddings' mapped rows
             }
         }
+        // ANCHOR_END: yours_plan_tensors
         if !holding.mapped {
             b.read_copy = gguf.data_offset + b.file_weights;
             b.mapped_read = 0;
@@ -147,6 +150,7 @@ impl Budget {
         }
         b
     }
+    // ANCHOR_END: plan
 
     /// Bytes resident once the context is full: everything but the embeddings' untouched rows.
     pub fn resident(&self) -> u64 {
@@ -303,6 +307,7 @@ pub fn available_memory() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::large::{Recipe, layout, vocab_file};
 
     fn budget() -> Budget {
         Budget {
@@ -346,5 +351,97 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("KV cache (f32)"), "{e}");
+    }
+
+    /// The header of the Llama-3-8B recipe cut to one layer, in file type `ftype`, without its
+    /// output projection when `tied` (the embeddings are the output then).
+    fn header(ftype: &str, tied: bool) -> (Gguf, Config) {
+        let recipe = Recipe::named("llama3-8b", ftype)
+            .and_then(|r| r.with_layers(1))
+            .unwrap();
+        let (w, _) = layout(&recipe, &vocab_file(&recipe.shape).unwrap()).unwrap();
+        let mut tensors = w.tensors().to_vec();
+        tensors.retain(|t| !(tied && t.name == "output.weight"));
+        let gguf = Gguf::new(3, w.metadata().to_vec(), tensors, 32, 4096);
+        let config = Config::from_gguf(&gguf, &["llama"]).unwrap();
+        (gguf, config)
+    }
+
+    /// The weights' terms of the budget worked out by the tensors' names: norms are small,
+    /// the token embeddings are rows (and the output matrix too when tied), every other tensor
+    /// a matrix, repacked when chapter 8 takes its type. `(repacked, mapped_read, mapped_rows,
+    /// small, load_transient)`.
+    fn by_name(gguf: &Gguf, repack: bool) -> [u64; 5] {
+        let tied = gguf.tensor("output.weight").is_none();
+        let mut want = [0u64; 5];
+        for t in &gguf.tensors {
+            let (cols, rows) = (t.dims[0] as usize, t.dims[1..].iter().product::<u64>());
+            if t.name.ends_with("_norm.weight") {
+                want[3] += t.n_elements() * 4;
+                continue;
+            }
+            let embd = t.name == "token_embd.weight";
+            if embd {
+                want[2] += t.n_bytes();
+            }
+            if embd && !tied {
+                continue;
+            }
+            match PackedMatrix::packed_bytes(t.ggml_type, rows as usize, cols) {
+                Some(p) if repack => {
+                    want[0] += p as u64;
+                    want[4] = want[4].max(t.n_bytes());
+                }
+                _ if !embd => want[1] += t.n_bytes(),
+                _ => {}
+            }
+        }
+        want
+    }
+
+    #[test]
+    fn every_tensor_is_counted_once_in_the_form_it_is_held() {
+        for (ftype, tied, repack) in [
+            ("Q4_K_M", false, true),
+            ("Q4_K_M", true, true),
+            ("Q4_0", false, false),
+            ("Q4_0", true, false),
+            ("F16", false, true), // chapter 8 does not repack f16: read from the map
+        ] {
+            let (gguf, c) = header(ftype, tied);
+            let holding = Holding {
+                mapped: true,
+                repack,
+            };
+            let b = Budget::plan(&gguf, &c, 64, CacheTypes::F16, holding);
+            let got = [
+                b.repacked,
+                b.mapped_read,
+                b.mapped_rows,
+                b.small,
+                b.load_transient,
+            ];
+            let case = format!("{ftype}, tied {tied}, repacked {repack}");
+            assert_eq!(
+                got,
+                by_name(&gguf, repack),
+                "{case}: (repacked, mapped_read, mapped_rows, small, load_transient)"
+            );
+            let file: u64 = gguf.tensors.iter().map(|t| t.n_bytes()).sum();
+            assert_eq!(b.file_weights, file, "{case}");
+        }
+    }
+
+    #[test]
+    fn read_into_memory_the_file_is_the_weights() {
+        let (gguf, c) = header("Q4_0", false);
+        let holding = Holding {
+            mapped: false,
+            repack: true,
+        };
+        let b = Budget::plan(&gguf, &c, 64, CacheTypes::F16, holding);
+        assert_eq!(b.read_copy, 4096 + b.file_weights);
+        assert_eq!((b.mapped_read, b.load_transient), (0, 0));
+        assert_eq!(b.weights(), b.repacked + b.read_copy);
     }
 }

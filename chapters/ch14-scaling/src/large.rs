@@ -382,7 +382,6 @@ pub fn scale_of(name: &str) -> Scale {
         Scale::Matrix { gain: 1.0 }
     }
 }
-// ANCHOR_END: scales
 
 /// The uniform half-width that gives standard deviation `std`: `std · √3`.
 fn half_width(std: f32) -> f32 {
@@ -390,8 +389,10 @@ fn half_width(std: f32) -> f32 {
 }
 
 /// Rows `rows` of a tensor with `cols` values per row, seeded `seed`: `(rows.len(), cols)`
-/// values written into `out`.
+/// values written into `out`. Value `i` of row `r` is value `r · cols + i` of the tensor's
+/// stream, so any range of rows comes out the same whichever call fills it.
 fn fill_rows(seed: u64, scale: Scale, cols: usize, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    // ANCHOR: yours_fill_rows
     for (r, row) in rows.zip(out.chunks_exact_mut(cols)) {
         let base = (r * cols) as u64;
         let (a, offset) = match scale {
@@ -407,7 +408,9 @@ fn fill_rows(seed: u64, scale: Scale, cols: usize, rows: std::ops::Range<usize>,
             *v = generated(seed, base + i as u64, a, offset);
         }
     }
+    // ANCHOR_END: yours_fill_rows
 }
+// ANCHOR_END: scales
 
 /// The tensors of the model, `(name, ne)`, in the order the file lists them.
 pub fn tensors(shape: &Shape, n_layer: usize, n_vocab: usize) -> Vec<(String, Vec<u64>)> {
@@ -532,6 +535,7 @@ const ROWS_PER_TASK: usize = 16;
 /// The bytes of tensor `t` (its type is the plan's), generated from `seed`: rows in parallel,
 /// each generated in f32 and quantized at once — never the whole tensor in f32.
 pub fn tensor_bytes(t: &TensorInfo, seed: u64) -> Result<Vec<u8>, String> {
+    // ANCHOR: yours_tensor_bytes
     let cols = t.dims[0] as usize;
     let rows = (t.n_elements() / t.dims[0]) as usize;
     let row_bytes = (t.n_bytes() / rows as u64) as usize;
@@ -549,6 +553,7 @@ pub fn tensor_bytes(t: &TensorInfo, seed: u64) -> Result<Vec<u8>, String> {
                 .map_err(|e| format!("{}: {e}", t.name))
         })?;
     Ok(out)
+    // ANCHOR_END: yours_tensor_bytes
 }
 // ANCHOR_END: tensor_bytes
 
@@ -751,16 +756,96 @@ mod tests {
         );
     }
 
+    /// Rows differ in norm as a trained matrix's do: gains drawn from [0.5, 1.5] put the
+    /// largest of 64 rows' spreads about 2.8 times the smallest; one gain for every row would
+    /// put them within a few percent of each other.
+    const MIN_SPREAD_RATIO: f32 = 2.0;
+
     #[test]
     fn matrix_rows_have_the_planned_spread() {
         let cols = 4096;
         let mut f = vec![0.0; 64 * cols];
         fill_rows(7, Scale::Matrix { gain: 1.0 }, cols, 0..64, &mut f);
-        for row in f.chunks_exact(cols) {
-            let std = (row.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt();
-            let unit = 1.0 / (cols as f32).sqrt();
+        let unit = 1.0 / (cols as f32).sqrt();
+        let stds: Vec<f32> = f
+            .chunks_exact(cols)
+            .map(|row| (row.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt())
+            .collect();
+        for std in &stds {
             // Gains are in [0.5, 1.5]; 4096 samples put the estimate within a few percent.
-            assert!(std > 0.45 * unit && std < 1.55 * unit, "row std {std}");
+            assert!(*std > 0.45 * unit && *std < 1.55 * unit, "row std {std}");
+        }
+        let (lo, hi) = stds
+            .iter()
+            .fold((f32::MAX, 0f32), |(l, h), &s| (l.min(s), h.max(s)));
+        assert!(
+            hi > MIN_SPREAD_RATIO * lo,
+            "row spreads {lo} to {hi}: every row has the same gain"
+        );
+    }
+
+    #[test]
+    fn norms_and_biases_have_their_planned_ranges() {
+        let cols = 4096;
+        let mut f = vec![0.0; cols];
+        fill_rows(8, Scale::Norm { spread: 0.1 }, cols, 0..1, &mut f);
+        let mean = f.iter().sum::<f32>() / cols as f32;
+        // Uniform in 1 ± 0.1: a mean within 0.01 of 1 (its standard error is 0.001).
+        assert!((mean - 1.0).abs() < 0.01, "norm weights' mean {mean}");
+        assert!(
+            f.iter().all(|v| (0.9..=1.1).contains(v)),
+            "a norm weight outside 1 ± 0.1"
+        );
+        fill_rows(8, Scale::Bias { half_width: 0.5 }, cols, 0..1, &mut f);
+        assert!(f.iter().all(|v| v.abs() <= 0.5), "a bias outside ±0.5");
+        assert!(f.iter().any(|v| v.abs() > 0.45) && f.iter().any(|&v| v < 0.0));
+    }
+
+    #[test]
+    fn any_range_of_rows_comes_out_the_same() {
+        let (cols, scale) = (64, Scale::Matrix { gain: 1.0 });
+        let mut whole = vec![0.0; 40 * cols];
+        fill_rows(3, scale, cols, 0..40, &mut whole);
+        let mut parts = vec![0.0; 40 * cols];
+        let (a, b) = parts.split_at_mut(7 * cols);
+        fill_rows(3, scale, cols, 0..7, a);
+        fill_rows(3, scale, cols, 7..40, b);
+        assert!(
+            whole == parts,
+            "rows 7..40 differ when filled apart from rows 0..7"
+        );
+        assert!(
+            whole[..cols] != whole[cols..2 * cols],
+            "rows 0 and 1 are the same"
+        );
+    }
+
+    #[test]
+    fn a_tensor_is_its_rows_quantized_in_order_on_any_number_of_threads() {
+        // Two whole tasks and part of a third.
+        let (rows, cols) = (2 * ROWS_PER_TASK + 8, 512);
+        for ty in [GgmlType::Q4_0, GgmlType::Q6_K] {
+            let t = TensorInfo {
+                name: "blk.0.ffn_down.weight".into(),
+                dims: vec![cols as u64, rows as u64],
+                ggml_type: ty,
+                offset: 0,
+            };
+            let mut f = vec![0.0; rows * cols];
+            fill_rows(9, scale_of(&t.name), cols, 0..rows, &mut f);
+            let mut want = vec![0u8; t.n_bytes() as usize];
+            quantize_chunk(ty, &f, &mut want, rows, cols).unwrap();
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let got = pool.install(|| tensor_bytes(&t, 9)).unwrap();
+                assert!(
+                    got == want,
+                    "{ty:?} on {threads} threads: not the rows in order"
+                );
+            }
         }
     }
 }
