@@ -129,32 +129,74 @@ fn as_stored(source: &Source, t: &TensorInfo) -> bool {
     }
 }
 
+// ANCHOR: layout
+/// Where an image puts things, in bytes from its start.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Per tensor: its offset in the private memory if it is written, `None` if it stays in
+    /// its shard.
+    pub written: Vec<Option<usize>>,
+    /// The private memory's length: whole pages.
+    pub private: usize,
+    /// Where each shard's map starts: a page boundary.
+    pub shard_at: Vec<usize>,
+    /// The image's length: whole pages.
+    pub len: usize,
+}
+
+/// The layout of an image of tensors that are written (`Some(n_bytes)`) or stay in their
+/// shard (`None`), over shard files of `shard_lens` bytes, in pages of `page` bytes: the
+/// written tensors one after another, each at a multiple of `ALIGN`; the private memory
+/// rounded up to whole pages; then each shard at a page boundary, as `mmap` places a file.
+pub fn layout(written: &[Option<usize>], shard_lens: &[usize], page: usize) -> Layout {
+    // ANCHOR: yours_layout
+    let mut private = 0;
+    let mut offsets = Vec::with_capacity(written.len());
+    for n in written {
+        offsets.push(n.map(|_| private));
+        if let Some(n) = n {
+            private = (private + n).next_multiple_of(ALIGN);
+        }
+    }
+    let private = private.next_multiple_of(page);
+    let mut shard_at = Vec::with_capacity(shard_lens.len());
+    let mut len = private;
+    for n in shard_lens {
+        shard_at.push(len);
+        len += n.next_multiple_of(page);
+    }
+    Layout {
+        written: offsets,
+        private,
+        shard_at,
+        len,
+    }
+    // ANCHOR_END: yours_layout
+}
+// ANCHOR_END: layout
+
 // ANCHOR: assemble
 /// `planned`'s image over `ckpt`'s shards, mapped; the header points into it.
 pub fn assemble(ckpt: &Checkpoint, planned: &Planned) -> Result<(Gguf, Assembled), Box<dyn Error>> {
     let page = page_size();
     let tensors = planned.writer.tensors();
-    // Where each written tensor goes in the private memory.
-    let mut private = 0usize;
-    let mut written = Vec::new();
-    for t in tensors {
-        if !as_stored(&planned.sources[&t.name], t) {
-            written.push((t, private));
-            private = (private + t.n_bytes() as usize).next_multiple_of(ALIGN);
-        }
-    }
-    let private = private.next_multiple_of(page);
-    let mut shard_at = Vec::with_capacity(ckpt.shards.len());
-    let mut len = private;
-    for s in &ckpt.shards {
-        shard_at.push(len);
-        len += s.file_len().next_multiple_of(page);
-    }
+    let sizes: Vec<Option<usize>> = tensors
+        .iter()
+        .map(|t| (!as_stored(&planned.sources[&t.name], t)).then_some(t.n_bytes() as usize))
+        .collect();
+    let lens: Vec<usize> = ckpt.shards.iter().map(|s| s.file_len()).collect();
+    let Layout {
+        written,
+        private,
+        shard_at,
+        len,
+    } = layout(&sizes, &lens, page);
     let image = reserve(len.max(page), private)?;
     for (s, &at) in ckpt.shards.iter().zip(&shard_at) {
         map_file_at(&image, at, s)?;
     }
-    for &(t, at) in &written {
+    for (t, at) in tensors.iter().zip(&written) {
+        let Some(at) = *at else { continue };
         let bytes = ckpt.tensor_data(planned, t)?;
         // SAFETY: `at..at + n_bytes` lies in the private memory, mapped writable and not yet
         // shared with anyone.
@@ -167,9 +209,10 @@ pub fn assemble(ckpt: &Checkpoint, planned: &Planned) -> Result<(Gguf, Assembled
     // Every tensor at its place: written ones in the private memory, the rest in their shard.
     let infos = tensors
         .iter()
-        .map(|t| {
-            let offset = match written.iter().find(|(w, _)| w.name == t.name) {
-                Some(&(_, at)) => at,
+        .zip(&written)
+        .map(|(t, at)| {
+            let offset = match *at {
+                Some(at) => at,
                 None => {
                     let Source::Tensor { hf, .. } = &planned.sources[&t.name] else {
                         unreachable!("computed tensors are written")
@@ -281,4 +324,66 @@ fn map_file_at(
         .into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pages of 4,096 bytes, by hand: tensors of 10, 40 and 33 bytes written (one stays in its
+    /// shard) at 0, 32 and 96, ending at 129: one page of private memory; then shards of
+    /// 5,000, 4,096 and 1 bytes in 2, 1 and 1 pages.
+    #[test]
+    fn the_layout_puts_written_tensors_first_then_each_shard_on_whole_pages() {
+        let l = layout(
+            &[Some(10), None, Some(40), Some(33)],
+            &[5000, 4096, 1],
+            4096,
+        );
+        let want = Layout {
+            written: vec![Some(0), None, Some(32), Some(96)],
+            private: 4096,
+            shard_at: vec![4096, 12288, 16384],
+            len: 20480,
+        };
+        assert_eq!(l, want);
+        // Nothing written: the shards start at the image's start.
+        let l = layout(&[None, None], &[100, 100], 16384);
+        assert_eq!((l.private, l.shard_at, l.len), (0, vec![0, 16384], 32768));
+    }
+
+    proptest! {
+        /// Any tensors and shards: the written tensors lie apart, aligned, inside the private
+        /// memory; the shards lie apart, each at a page boundary after it, with less than a
+        /// page between; the image ends within a page of the last shard's end.
+        #[test]
+        fn the_layout_keeps_everything_apart_and_page_aligned(
+            sizes in prop::collection::vec(prop::option::of(0usize..10_000), 0..12),
+            lens in prop::collection::vec(0usize..100_000, 0..5),
+            page in prop::sample::select(vec![4096usize, 16384, 65536]),
+        ) {
+            let l = layout(&sizes, &lens, page);
+            prop_assert_eq!(l.written.len(), sizes.len());
+            let mut end = 0;
+            for (at, n) in l.written.iter().zip(&sizes) {
+                prop_assert_eq!(at.is_some(), n.is_some());
+                if let (Some(at), Some(n)) = (at, n) {
+                    prop_assert!(at.is_multiple_of(ALIGN) && *at >= end, "{} after {}", at, end);
+                    prop_assert!(*at - end < ALIGN, "a gap before {}", at);
+                    end = at + n;
+                }
+            }
+            prop_assert!(l.private.is_multiple_of(page) && end <= l.private);
+            prop_assert!(l.private < end + page, "a page more than needed: {}", l.private);
+            let mut end = l.private;
+            for (at, n) in l.shard_at.iter().zip(&lens) {
+                prop_assert!(at.is_multiple_of(page) && *at >= end, "{} after {}", at, end);
+                prop_assert!(*at < end + page, "a page between shards at {}", at);
+                end = at + n;
+            }
+            prop_assert_eq!(l.shard_at.len(), lens.len());
+            prop_assert!(l.len.is_multiple_of(page) && end <= l.len && l.len < end + page);
+        }
+    }
 }

@@ -168,6 +168,7 @@ impl Family {
         if SKIPPED.iter().any(|p| hf.starts_with(p)) || hf.ends_with("rotary_emb.inv_freq") {
             return Ok(None);
         }
+        // ANCHOR: yours_gguf_name
         let unknown = || format!("tensor {hf:?}: not a tensor of a {} model", self.arch);
         if matches!(hf, "lm_head.weight" | "language_model.lm_head.weight") {
             return Ok(Some("output.weight".into()));
@@ -197,6 +198,7 @@ impl Family {
             .find(|(theirs, _)| *theirs == stem)
             .ok_or_else(unknown)?;
         Ok(Some(format!("blk.{layer}.{ours}.{kind}")))
+        // ANCHOR_END: yours_gguf_name
     }
     // ANCHOR_END: gguf_name
 
@@ -215,6 +217,7 @@ impl Family {
 /// moves to row `2i + j`, so the halves Hugging Face's RoPE rotates together become the
 /// adjacent pairs llama.cpp's does.
 pub fn permute_rows(bytes: &[u8], n_head: usize, row_bytes: usize) -> Vec<u8> {
+    // ANCHOR: yours_permute_rows
     // (n_head, 2, d/2, row) → (n_head, d/2, 2, row)
     let rows = bytes.len() / row_bytes;
     let (head, half) = (rows / n_head, rows / n_head / 2);
@@ -230,6 +233,7 @@ pub fn permute_rows(bytes: &[u8], n_head: usize, row_bytes: usize) -> Vec<u8> {
         }
     }
     out
+    // ANCHOR_END: yours_permute_rows
 }
 // ANCHOR_END: permute
 
@@ -316,6 +320,21 @@ mod tests {
         }
     }
 
+    /// Two heads of d = 8 and one row of one byte each: the order the page draws, by hand.
+    #[test]
+    fn permute_rows_interleaves_the_halves_of_each_head() {
+        let rows: Vec<u8> = (0..16).collect();
+        let want = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
+        assert_eq!(permute_rows(&rows, 2, 1), want);
+        // A row of several bytes (a matrix's row, a bias's f32) moves whole.
+        let wide: Vec<u8> = (0..16u8).flat_map(|r| [r, 100 + r, 200 - r]).collect();
+        let want_wide: Vec<u8> = want.iter().flat_map(|&r| [r, 100 + r, 200 - r]).collect();
+        assert_eq!(permute_rows(&wide, 2, 3), want_wide);
+        // One head of d = 4 (a key projection of one head): 0 2 1 3; of d = 2: as it was.
+        assert_eq!(permute_rows(&[10, 11, 12, 13], 1, 1), [10, 12, 11, 13]);
+        assert_eq!(permute_rows(&[10, 11, 12, 13], 2, 1), [10, 11, 12, 13]);
+    }
+
     #[test]
     fn hugging_face_names_map_to_llama_cpps() {
         let llama = &FAMILIES[0];
@@ -331,8 +350,37 @@ mod tests {
                 .gguf_name("model.layers.x.mlp.up_proj.weight")
                 .is_err()
         );
+        assert_eq!(
+            name("model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
+        );
+        assert_eq!(
+            name("model.norm.weight").as_deref(),
+            Some("output_norm.weight")
+        );
+        // Qwen2's query, key and value projections have biases.
+        let qwen2 = &FAMILIES[1];
+        let b = qwen2.gguf_name("model.layers.0.self_attn.q_proj.bias");
+        assert_eq!(b.unwrap().as_deref(), Some("blk.0.attn_q.bias"));
         let gemma = &FAMILIES[2];
         let g = gemma.gguf_name("language_model.model.layers.3.pre_feedforward_layernorm.weight");
         assert_eq!(g.unwrap().as_deref(), Some("blk.3.ffn_norm.weight"));
+        // A model that also sees images: its language model under `model.language_model.`.
+        let g = gemma.gguf_name("model.language_model.layers.5.self_attn.q_norm.weight");
+        assert_eq!(g.unwrap().as_deref(), Some("blk.5.attn_q_norm.weight"));
+        let g = gemma.gguf_name("model.language_model.embed_tokens.weight");
+        assert_eq!(g.unwrap().as_deref(), Some("token_embd.weight"));
+        // Names not known are errors that name the tensor, never a guess.
+        for hf in [
+            "model.layers.0.mlp.up_proj.scales",
+            "model.layers.0.self_attn.qkv_proj.weight",
+            "model.layers.0.post_feedforward_layernorm.weight",
+            "transformer.h.0.attn.c_attn.weight",
+            "model.layers.0",
+            "model.embed_tokens.bias",
+        ] {
+            let e = llama.gguf_name(hf).unwrap_err();
+            assert!(e.contains(hf), "{hf}: {e}");
+        }
     }
 }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use testkit::refdata::TensorFile;
 use testkit::{Target, Tolerance, assert_close};
@@ -48,8 +48,8 @@ const PROMPT: &str = "The capital of France is Paris. The old lighthouse keeper 
 struct Made {
     dir: PathBuf,
     reference: PathBuf,
-    /// The GGUF model it was made from.
-    source: PathBuf,
+    /// The header of the GGUF model it was made from (its tokenizer).
+    source: Gguf,
 }
 
 /// Where the tests keep what they make: cargo's directory for integration tests' files.
@@ -57,49 +57,172 @@ fn work_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ch17-checkpoints")
 }
 
-/// The source GGUF file `id`: the default model, or chapter 13's synthetic variant `id`
-/// (built from its recipe).
-fn source(id: &str) -> PathBuf {
-    match id {
-        "default" => return shared::default_model_path().unwrap_or_else(|e| panic!("{e}")),
-        "gemma3" => {
-            let spec = &shared::model::GEMMA3_MODEL;
-            return shared::model::ensure_cached(spec).unwrap_or_else(|e| panic!("{e}"));
+/// The source GGUF model `id`: the default model, Gemma 3 270M, or chapter 13's synthetic
+/// variant `id` (built from its recipe, in memory).
+fn source(id: &str) -> ch01::GgufFile {
+    let path = match id {
+        "default" => shared::default_model_path().unwrap_or_else(|e| panic!("{e}")),
+        "gemma3" => shared::model::ensure_cached(&shared::model::GEMMA3_MODEL)
+            .unwrap_or_else(|e| panic!("{e}")),
+        _ => {
+            let recipe = testkit::refdata::json(&format!("variants/{id}/model.json")).unwrap();
+            let vocab = testkit::refdata::read(recipe["vocab"].as_str().unwrap()).unwrap();
+            let vocab = Gguf::parse(&vocab).unwrap();
+            let bytes = synthetic::build(&recipe, &vocab).unwrap_or_else(|e| panic!("{id}: {e}"));
+            return ch01::GgufFile::from_bytes(bytes).unwrap();
         }
-        _ => {}
-    }
-    let path = work_dir().join(format!("{id}.gguf"));
-    let recipe = testkit::refdata::json(&format!("variants/{id}/model.json")).unwrap();
-    let vocab = testkit::refdata::read(recipe["vocab"].as_str().unwrap()).unwrap();
-    let vocab = Gguf::parse(&vocab).unwrap();
-    let bytes = synthetic::build(&recipe, &vocab).unwrap_or_else(|e| panic!("{id}: {e}"));
-    std::fs::create_dir_all(work_dir()).unwrap();
-    std::fs::write(&path, bytes).unwrap();
-    path
+    };
+    ch01::GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Checkpoint `name` of model `id`, made once per test process.
-fn made(id: &str, name: &str, recipe: Recipe) -> Arc<Made> {
-    static MADE: OnceLock<Mutex<HashMap<String, Arc<Made>>>> = OnceLock::new();
-    let mut all = MADE.get_or_init(Default::default).lock().unwrap();
-    let key = format!("{id}-{name}");
-    if let Some(m) = all.get(&key) {
-        return m.clone();
+/// How many times the tests take each checkpoint, and how many of those take its reference
+/// file too. The files are large (the default model's four layers in F32 take 164 MB a copy,
+/// Gemma 3's embeddings 335 MB) and together would take 2.4 GB, so the last test to use a
+/// file removes it. A count too low costs time, never a result: a file asked for after it
+/// was removed is made again, the same bytes. One too high leaves the file until the next run
+/// makes it again.
+const TAKEN: &[(&str, usize, usize)] = &[
+    ("default-f32", 9, 3),
+    ("default-f32-sharded", 1, 0),
+    ("default-bf16", 3, 1),
+    ("llama3-f32", 2, 1),
+    ("qwen2-f32", 2, 1),
+    ("yarn-f32", 2, 1),
+    ("gemma3-bf16", 5, 1),
+];
+
+/// A made checkpoint, with what the tests still want of it.
+struct Entry {
+    made: Arc<Made>,
+    id: String,
+    recipe: Recipe,
+    /// Per file (the directory, the reference): takings still to come, those held now, and
+    /// whether it is on disk.
+    to_come: [usize; 2],
+    held: [usize; 2],
+    present: [bool; 2],
+}
+
+const DIR: usize = 0;
+const REFERENCE: usize = 1;
+
+fn entries() -> MutexGuard<'static, HashMap<String, Entry>> {
+    static ENTRIES: OnceLock<Mutex<HashMap<String, Entry>>> = OnceLock::new();
+    let all = ENTRIES.get_or_init(Default::default);
+    // A test that failed while holding the lock left the map as it was: still usable.
+    all.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Entry `e`'s checkpoint made from `src` into its directory, and its reference file written,
+/// as `which` says (a file held now is never rewritten).
+fn make_files(e: &mut Entry, src: &ch01::GgufFile, which: [bool; 2]) {
+    let dir = if which[DIR] {
+        let _ = std::fs::remove_dir_all(&e.made.dir);
+        e.made.dir.clone()
+    } else {
+        e.made.dir.with_extension("scratch")
+    };
+    let reference = common::make(src, &e.recipe, &dir);
+    if !which[DIR] {
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    let src_path = source(id);
-    let src = ch01::GgufFile::open(&src_path).unwrap();
-    let dir = work_dir().join(&key);
-    let _ = std::fs::remove_dir_all(&dir);
-    let reference = common::make(&src, &recipe, &dir);
-    let ref_path = work_dir().join(format!("{key}.reference.gguf"));
-    std::fs::write(&ref_path, reference).unwrap();
-    let m = Arc::new(Made {
-        dir,
-        reference: ref_path,
-        source: src_path,
+    if which[REFERENCE] {
+        std::fs::write(&e.made.reference, reference).unwrap();
+    }
+    for part in [DIR, REFERENCE] {
+        e.present[part] |= which[part];
+    }
+}
+
+/// A test's hold on a made checkpoint: its directory, and its reference file if it asked.
+struct Taken {
+    made: Arc<Made>,
+    key: String,
+    with_reference: bool,
+}
+
+impl std::ops::Deref for Taken {
+    type Target = Made;
+    fn deref(&self) -> &Made {
+        &self.made
+    }
+}
+
+impl Drop for Taken {
+    /// The last test to use a file removes it.
+    fn drop(&mut self) {
+        let mut all = entries();
+        let e = all
+            .get_mut(&self.key)
+            .expect("an entry outlives its takings");
+        let parts: &[usize] = if self.with_reference {
+            &[DIR, REFERENCE]
+        } else {
+            &[DIR]
+        };
+        for &part in parts {
+            e.held[part] -= 1;
+            e.to_come[part] = e.to_come[part].saturating_sub(1);
+        }
+        for part in [REFERENCE, DIR] {
+            if e.present[part] && e.to_come[part] == 0 && e.held[part] == 0 {
+                let _ = match part {
+                    DIR => std::fs::remove_dir_all(&e.made.dir),
+                    _ => std::fs::remove_file(&e.made.reference),
+                };
+                e.present[part] = false;
+            }
+        }
+    }
+}
+
+/// Checkpoint `name` of model `id` (its reference file too, if `reference`), made once while
+/// tests use it.
+fn made(id: &str, name: &str, recipe: Recipe, reference: bool) -> Taken {
+    let key = format!("{id}-{name}");
+    let mut all = entries();
+    // The source model, read when something is made.
+    let mut src = None;
+    let e = all.entry(key.clone()).or_insert_with(|| {
+        let (_, dirs, refs) = TAKEN
+            .iter()
+            .find(|(k, ..)| *k == key)
+            .copied()
+            .unwrap_or_default();
+        let s = src.insert(source(id));
+        let made = Made {
+            dir: work_dir().join(&key),
+            reference: work_dir().join(format!("{key}.reference.gguf")),
+            source: s.gguf.clone(),
+        };
+        Entry {
+            made: Arc::new(made),
+            id: id.to_string(),
+            recipe,
+            to_come: [dirs, refs],
+            held: [0, 0],
+            present: [false, false],
+        }
     });
-    all.insert(key, m.clone());
-    m
+    // The reference file is written with the directory when a test will want it.
+    let fresh = src.is_some();
+    let want_reference = reference || fresh && e.to_come[REFERENCE] > 0;
+    let want = [!e.present[DIR], want_reference && !e.present[REFERENCE]];
+    if want.contains(&true) {
+        std::fs::create_dir_all(work_dir()).unwrap();
+        if !fresh {
+            eprintln!("{key}: made again; TAKEN counts fewer takings than the tests make");
+        }
+        let src = src.unwrap_or_else(|| source(&e.id));
+        make_files(e, &src, want);
+    }
+    e.held[DIR] += 1;
+    e.held[REFERENCE] += usize::from(reference);
+    Taken {
+        made: e.made.clone(),
+        key,
+        with_reference: reference,
+    }
 }
 
 fn recipe(layers: Option<usize>, dtype: Dtype, shards: usize) -> Recipe {
@@ -113,8 +236,13 @@ fn recipe(layers: Option<usize>, dtype: Dtype, shards: usize) -> Recipe {
 }
 
 /// The default model's four layers, in F32 (one file) — the checkpoint most tests use.
-fn smollm2_f32() -> Arc<Made> {
-    made("default", "f32", recipe(Some(LAYERS), Dtype::F32, 1))
+fn smollm2_f32(reference: bool) -> Taken {
+    made(
+        "default",
+        "f32",
+        recipe(Some(LAYERS), Dtype::F32, 1),
+        reference,
+    )
 }
 
 fn fast() -> FastLoader {
@@ -143,14 +271,14 @@ fn logits(engine: &Engine) -> (Vec<u32>, Vec<f32>) {
 }
 
 /// The directory's logits must be the reference file's, bit for bit.
-fn assert_same_logits(m: &Made, precision: Precision) {
-    let (want_tokens, want) = logits(&engine(&m.reference, None));
-    let (tokens, got) = logits(&engine(&m.dir, precision));
+fn assert_same_logits(dir: &Path, reference: &Path, precision: Precision) {
+    let (want_tokens, want) = logits(&engine(reference, None));
+    let (tokens, got) = logits(&engine(dir, precision));
     assert_eq!(
         tokens,
         want_tokens,
         "{}: the prompt's tokens",
-        m.dir.display()
+        dir.display()
     );
     let shape = [tokens.len(), got.len() / tokens.len()];
     assert_close("logits", &shape, &got, &want, Tolerance::EXACT);
@@ -158,12 +286,14 @@ fn assert_same_logits(m: &Made, precision: Precision) {
 
 #[test]
 fn an_f32_directory_computes_the_gguf_files_logits_exactly() {
-    assert_same_logits(&smollm2_f32(), None);
+    let m = smollm2_f32(true);
+    assert_same_logits(&m.dir, &m.reference, None);
 }
 
 #[test]
 fn the_weights_stay_in_the_shards_and_read_into_memory_compute_the_same() {
-    for m in [smollm2_f32(), gemma3()] {
+    let m = smollm2_f32(false);
+    for m in [&*m, &*gemma3(false)] {
         let ckpt = ch17::Checkpoint::open(&m.dir).unwrap();
         let planned = ckpt.plan(None).unwrap();
         let (_, image) = ch17::assemble::assemble(&ckpt, &planned).unwrap();
@@ -181,7 +311,6 @@ fn the_weights_stay_in_the_shards_and_read_into_memory_compute_the_same() {
             m.dir.display()
         );
     }
-    let m = smollm2_f32();
     let (_, mapped) = logits(&engine(&m.dir, None));
     let (_, read) = logits(&engine_in(&m.dir, None, LoadMode::Read));
     assert_close(
@@ -195,24 +324,30 @@ fn the_weights_stay_in_the_shards_and_read_into_memory_compute_the_same() {
 
 #[test]
 fn a_sharded_directory_computes_the_same_logits() {
-    let m = made(
-        "default",
-        "f32-sharded",
-        recipe(Some(LAYERS), Dtype::F32, 3),
-    );
+    // The values a directory stores do not depend on how many shards hold them: its GGUF file
+    // of those values is the single file's (`common::make` reads `shards` only to write them).
+    let single = smollm2_f32(true);
+    let recipe = recipe(Some(LAYERS), Dtype::F32, 3);
+    let m = made("default", "f32-sharded", recipe, false);
     assert!(m.dir.join("model.safetensors.index.json").is_file());
-    assert_same_logits(&m, None);
+    assert_same_logits(&m.dir, &single.reference, None);
 }
 
-fn smollm2_bf16() -> Arc<Made> {
-    made("default", "bf16", recipe(Some(LAYERS), Dtype::BF16, 2))
+fn smollm2_bf16(reference: bool) -> Taken {
+    made(
+        "default",
+        "bf16",
+        recipe(Some(LAYERS), Dtype::BF16, 2),
+        reference,
+    )
 }
 
 #[test]
 fn a_bf16_directory_is_exact_in_f32_and_close_on_the_bf16_kernels() {
-    let m = smollm2_bf16();
+    let m = smollm2_bf16(true);
     // Converted to F32, the directory's BF16 values are exact.
-    assert_same_logits(&m, Some(ch06::recipe::LlamaFtype::F32));
+    let f32 = Some(ch06::recipe::LlamaFtype::F32);
+    assert_same_logits(&m.dir, &m.reference, f32);
     // Kept in BF16, chapter 8's BF16 kernels run it.
     let (_, want) = logits(&engine(&m.reference, None));
     let bf16 = engine(&m.dir, None);
@@ -243,7 +378,7 @@ fn a_bf16_directory_is_exact_in_f32_and_close_on_the_bf16_kernels() {
 /// Chapter 13's synthetic variants: Llama 3's RoPE factors (a tensor the converter computes
 /// from `rope_scaling`), Qwen2's biases and NeoX RoPE, YaRN with an untied output on Llama 2's
 /// SentencePiece vocabulary.
-fn variant(id: &str) -> Arc<Made> {
+fn variant(id: &str, reference: bool) -> Taken {
     let mut r = recipe(None, Dtype::F32, 1);
     if id == "llama3" {
         r.rope_scaling = Some(json!({
@@ -251,28 +386,30 @@ fn variant(id: &str) -> Arc<Made> {
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
         }));
     }
-    made(id, "f32", r)
+    made(id, "f32", r, reference)
 }
 
 #[test]
 fn every_family_variant_computes_the_gguf_files_logits_exactly() {
     for id in ["llama3", "qwen2", "yarn"] {
-        assert_same_logits(&variant(id), None);
+        let m = variant(id, true);
+        assert_same_logits(&m.dir, &m.reference, None);
     }
 }
 
 /// Gemma 3 270M's first two layers in BF16, as Google publishes it: norms stored minus one,
 /// a SentencePiece-style tokenizer of 262,144 tokens without a space prefix. Its reference
 /// file keeps the matrices in BF16 too, so both run chapter 8's BF16 kernels.
-fn gemma3() -> Arc<Made> {
+fn gemma3(reference: bool) -> Taken {
     let mut r = recipe(Some(2), Dtype::BF16, 1);
     r.reference_in_dtype = true;
-    made("gemma3", "bf16", r)
+    made("gemma3", "bf16", r, reference)
 }
 
 #[test]
 fn gemma3_computes_the_gguf_files_logits_exactly() {
-    assert_same_logits(&gemma3(), None);
+    let m = gemma3(true);
+    assert_same_logits(&m.dir, &m.reference, None);
 }
 
 /// The texts a tokenizer is checked on: the project's corpus for vocabulary `vocab`
@@ -304,16 +441,15 @@ fn corpus(vocab: &str) -> Vec<String> {
 #[test]
 fn the_tokenizer_gives_the_ids_of_tokenizers_and_of_the_gguf_file() {
     for (vocab, m) in [
-        ("default", smollm2_f32()),
-        ("llama-bpe", variant("llama3")),
-        ("qwen2", variant("qwen2")),
-        ("llama-spm", variant("yarn")),
-        ("gemma-3", gemma3()),
+        ("default", smollm2_f32(false)),
+        ("llama-bpe", variant("llama3", false)),
+        ("qwen2", variant("qwen2", false)),
+        ("llama-spm", variant("yarn", false)),
+        ("gemma-3", gemma3(false)),
     ] {
         let hf = tokenizers::Tokenizer::from_file(m.dir.join("tokenizer.json")).unwrap();
         let ours = engine(&m.dir, None).tokenizer;
-        let gguf =
-            ch02::Tokenizer::from_gguf(&ch01::GgufFile::open(&m.source).unwrap().gguf).unwrap();
+        let gguf = ch02::Tokenizer::from_gguf(&m.source).unwrap();
         let texts = corpus(vocab);
         assert!(texts.len() >= 50, "{vocab}: {} texts", texts.len());
         for text in &texts {
@@ -357,18 +493,20 @@ fn generated(model: &Path, extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn llm_rs_runs_converts_and_inspects_a_directory() {
-    let m = smollm2_f32();
+    let m = smollm2_f32(true);
     let want = generated(&m.reference, &[]);
     assert_eq!(generated(&m.dir, &[]), want, "run --model DIR");
 
-    // `convert` writes the file the directory runs as; it runs the same.
-    let out = work_dir().join("converted.gguf");
+    // `convert` writes the file the directory runs as; it runs the same. The files go with
+    // the test.
+    let converted = tempfile::tempdir_in(work_dir()).unwrap();
+    let out = converted.path().join("converted.gguf");
     let o = llm_rs(&["convert".as_ref(), m.dir.as_os_str(), out.as_os_str()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(generated(&out, &[]), want, "run --model CONVERTED");
 
     // Quantized on load, or converted to the same type: the same file, the same tokens.
-    let q8 = work_dir().join("converted-q8_0.gguf");
+    let q8 = converted.path().join("converted-q8_0.gguf");
     let o = llm_rs(&[
         "convert".as_ref(),
         m.dir.as_os_str(),
@@ -416,7 +554,7 @@ fn llm_rs_runs_converts_and_inspects_a_directory() {
 
 #[test]
 fn llm_rs_serves_a_directory() {
-    let m = smollm2_f32();
+    let m = smollm2_f32(false);
     let want = generated(&m.dir, &[]);
     let dir = m.dir.to_str().unwrap();
     let (_server, base) = testkit::serve::llm_rs_serve(&["--model", dir], Duration::from_secs(120));
@@ -449,9 +587,9 @@ const CONVERTED_F32_TOL: Tolerance = Tolerance::new(1e-4, 1e-4);
 fn llama_cpp_runs_the_converted_files_with_the_same_logits() {
     let manifest = testkit::refdata::manifest().unwrap();
     for (id, m) in [
-        ("default-f32", smollm2_f32()),
-        ("default-bf16", smollm2_bf16()),
-        ("gemma3-bf16", gemma3()),
+        ("default-f32", smollm2_f32(false)),
+        ("default-bf16", smollm2_bf16(false)),
+        ("gemma3-bf16", gemma3(false)),
     ] {
         let case = &manifest["checkpoints"]["cases"][id];
         // llama.cpp ran the file the converter makes now (hashed as it is written).
@@ -572,10 +710,14 @@ fn the_converter_writes_the_metadata_and_tensors_llama_cpps_converter_writes() {
     let mut differences = Vec::new();
     let mut allowed_seen = std::collections::HashSet::new();
     for (id, m, precision) in [
-        ("default-f32", smollm2_f32(), None),
-        ("default-bf16", smollm2_bf16(), None),
-        ("gemma3-bf16", gemma3(), None),
-        ("default-f32-q8_0", smollm2_f32(), Some(LlamaFtype::Q8_0)),
+        ("default-f32", smollm2_f32(false), None),
+        ("default-bf16", smollm2_bf16(false), None),
+        ("gemma3-bf16", gemma3(false), None),
+        (
+            "default-f32-q8_0",
+            smollm2_f32(false),
+            Some(LlamaFtype::Q8_0),
+        ),
     ] {
         let case = &record["cases"][id];
         let hint = "reference-data/checkpoints/converted.json: regenerate it with \
