@@ -181,26 +181,12 @@ unsafe fn legacy<const T: u8, const N: usize>(
             };
             for t in 0..N {
                 let at = b * nt + t; // this block's scalars of token t
-                let dy = _mm512_set1_ps(*a.d.add(at));
-                let mut sumi = isum[t];
-                if split {
-                    sumi = _mm512_add_epi32(sumi, isum2[t]);
-                }
-                if offset != 0 {
-                    sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(offset * *a.sums.add(at)));
-                }
-                let sumi = _mm512_cvtepi32_ps(sumi);
-                // Each row's block term, in the order of chapter 6's scalar kernels.
-                let term = match T {
-                    0 => _mm512_mul_ps(_mm512_mul_ps(sumi, dx), dy), // sumi * dx * dy
-                    1 | 3 => _mm512_add_ps(
-                        _mm512_mul_ps(_mm512_mul_ps(dx, dy), sumi), // (dx*dy)*sumi
-                        _mm512_mul_ps(mx, _mm512_set1_ps(*a.s.add(at))), // + m*s
-                    ),
-                    2 => _mm512_mul_ps(_mm512_mul_ps(dx, dy), sumi), // (dx*dy)*sumi
-                    _ => _mm512_mul_ps(sumi, _mm512_mul_ps(dx, dy)), // sumi*(dx*dy)
+                let sumi = match split {
+                    true => _mm512_add_epi32(isum[t], isum2[t]),
+                    false => isum[t],
                 };
-                acc[t] = _mm512_add_ps(acc[t], term);
+                let y = (*a.d.add(at), *a.sums.add(at), *a.s.add(at));
+                acc[t] = _mm512_add_ps(acc[t], block_terms::<T>(sumi, offset, dx, mx, y));
             }
         }
     }
@@ -211,6 +197,47 @@ unsafe fn legacy<const T: u8, const N: usize>(
     }
 }
 // ANCHOR_END: kernel_terms
+
+// ANCHOR: block_terms
+/// One block's term of each of the 16 rows for one token, from the rows' exact integer sums
+/// `sumi` of `code · y`: chapter 6's float expression of type `T`, in chapter 6's order.
+/// The packed codes are unsigned (`vpdpbusd` multiplies unsigned bytes by signed ones), so a
+/// type whose weights are `code − offset` (Q4_0: 8, Q5_0: 16, Q8_0: 128) takes
+/// `offset · Σy` off first. `dx` and `mx` are the rows' scales and mins (zero for a type
+/// without one); `y` is the token's `(d, Σy, s)` for this block, as the panels hold them.
+///
+/// # Safety
+/// The CPU has AVX-512 F (the caller enables it).
+#[inline(always)]
+unsafe fn block_terms<const T: u8>(
+    sumi: __m512i,
+    offset: i32,
+    dx: __m512,
+    mx: __m512,
+    y: (f32, i32, f32),
+) -> __m512 {
+    // SAFETY: AVX-512 F on registers only, which the caller enables.
+    unsafe {
+        // ANCHOR: yours_block_terms
+        let (dy, sum_y, s) = y;
+        let mut sumi = sumi;
+        if offset != 0 {
+            sumi = _mm512_sub_epi32(sumi, _mm512_set1_epi32(offset * sum_y)); // Σ(q−o)·y
+        }
+        let (sumi, dy) = (_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(dy));
+        match T {
+            0 => _mm512_mul_ps(_mm512_mul_ps(sumi, dx), dy), // Q4_0: sumi * dx * dy
+            1 | 3 => _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(dx, dy), sumi), // Q4_1, Q5_1: (dx*dy)*sumi
+                _mm512_mul_ps(mx, _mm512_set1_ps(s)),       // + m*s
+            ),
+            2 => _mm512_mul_ps(_mm512_mul_ps(dx, dy), sumi), // Q5_0: (dx*dy)*sumi
+            _ => _mm512_mul_ps(sumi, _mm512_mul_ps(dx, dy)), // Q8_0: sumi*(dx*dy)
+        }
+        // ANCHOR_END: yours_block_terms
+    }
+}
+// ANCHOR_END: block_terms
 
 /// Q4_K (and, with `HIGH`, Q5_K): per super-block and row,
 /// `d·dy·Σ_s sc_s·Σ q·y − dmin·dy·Σ_s mn_s·Σy` over the 8 sub-blocks of 32. Q5_K's codes are

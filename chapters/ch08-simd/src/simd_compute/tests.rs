@@ -180,3 +180,59 @@ fn rms_norm_writes_only_the_rows_both_sides_hold() {
     compute().rms_norm(&x, &w, 0.0, &mut out);
     assert!(out.iter().all(|&v| (v - 1.0).abs() < 1e-6), "{out:?}");
 }
+
+/// The online softmax, fed a row of scores a tile at a time (tiles of uneven lengths, the
+/// maximum growing at some tiles and not at others), ends where one softmax over the whole
+/// row does: `m` the largest score, `l = Σ e^(s − m)` and `acc = Σ e^(s − m)·v`, the values
+/// weighted by what each step leaves in its tile, as `attend_unit` weights them.
+#[test]
+fn online_softmax_tile_by_tile_is_one_softmax() {
+    use super::unit::online_softmax;
+    // The vector `exp` is within 3e-7 of the true one (`EXP_REL` in tests/compute.rs), and
+    // `l` and `acc` are f32 sums of 100 such terms, rescaled at most five times: a few parts
+    // in 10⁶. A missing rescale or a weight taken against the wrong maximum is off by e^2 or
+    // more here.
+    const ONLINE_REL: f64 = 1e-5;
+    let hd = 8;
+    let tiles = [3, 32, 7, 32, 26];
+    let n: usize = tiles.iter().sum();
+    let kv = Store::new(n);
+    // Scores in [-2, 2] plus a ramp that starts low, so that later tiles raise the maximum;
+    // the third tile is pushed down, so that one tile's maximum stays below the running one.
+    let scores: Vec<f32> = (0..n)
+        .map(|i| kv.0[i * 64] + 0.1 * i as f32 - if (35..42).contains(&i) { 8.0 } else { 0.0 })
+        .collect();
+    let value = |i: usize| &kv.1[i * 64..i * 64 + hd];
+    let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0.0f32, vec![0.0f32; hd]);
+    let mut at = 0;
+    for len in tiles {
+        let mut s = scores[at..at + len].to_vec();
+        // SAFETY: the portable kernels need no instruction beyond the baseline.
+        unsafe { online_softmax::<Portable>(&mut s, &mut m, &mut l, &mut acc) };
+        for (j, w) in s.iter().enumerate() {
+            for (a, v) in acc.iter_mut().zip(value(at + j)) {
+                *a += w * v;
+            }
+        }
+        at += len;
+    }
+    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    assert_eq!(m, max, "m is the largest score");
+    let w: Vec<f64> = scores
+        .iter()
+        .map(|&s| (s as f64 - max as f64).exp())
+        .collect();
+    let want_l: f64 = w.iter().sum();
+    assert!(
+        (l as f64 - want_l).abs() <= ONLINE_REL * want_l,
+        "l = {l}, one softmax gives {want_l}"
+    );
+    for (d, &got) in acc.iter().enumerate() {
+        let want: f64 = (0..n).map(|i| w[i] * value(i)[d] as f64).sum();
+        let scale: f64 = (0..n).map(|i| w[i] * (value(i)[d] as f64).abs()).sum();
+        assert!(
+            (got as f64 - want).abs() <= ONLINE_REL * scale,
+            "acc[{d}] = {got}, one softmax gives {want}"
+        );
+    }
+}

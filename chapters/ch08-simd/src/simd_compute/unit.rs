@@ -212,19 +212,9 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
                 // turn this tile's scores into weights.
                 let qv = r * group + g;
                 let s = &mut t.s[qv * KEY_TILE + a..qv * KEY_TILE + b];
-                // SAFETY: `S`'s instructions are enabled; `max` reads only inside its slice.
-                let tile_max = unsafe { S::max(s) };
                 let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
-                let m_new = t.m[qv].max(tile_max);
-                if m_new > t.m[qv] {
-                    let corr = (t.m[qv] - m_new).exp(); // 0 on the first tile: m = -inf
-                    t.l[qv] *= corr;
-                    // SAFETY: `S`'s instructions are enabled; `scale` writes only inside its slice.
-                    unsafe { S::scale(acc, corr) };
-                    t.m[qv] = m_new;
-                }
-                // SAFETY: `S`'s instructions are enabled; `exp_sum` stays inside its slice.
-                t.l[qv] += unsafe { S::exp_sum(s, m_new) };
+                // SAFETY: `S`'s instructions are enabled (this function's contract).
+                unsafe { online_softmax::<S>(s, &mut t.m[qv], &mut t.l[qv], acc) };
             }
             // The weighted values, each value row read once for the group.
             let acc = &mut t.acc[r * group * hd..(r + 1) * group * hd];
@@ -272,3 +262,37 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
     }
 }
 // ANCHOR_END: attend_finish
+
+// ANCHOR: online_softmax
+/// One tile's step of the online softmax for one query vector: `s` holds its scores for the
+/// tile's keys, `m` is the largest score before this tile, `l` the sum of `e^(score − m)` and
+/// `acc` the sum of `e^(score − m) · value` (the values come after, weighted by what this
+/// leaves in `s`). Afterwards `m` is the largest score including the tile's, `l` and `acc` are
+/// as if that had been the maximum from the start, and `s` holds the tile's weights
+/// `e^(score − m)`, their sum added to `l`.
+///
+/// # Safety
+/// `S`'s instructions are available.
+#[inline(always)]
+pub(super) unsafe fn online_softmax<S: F32Simd>(
+    s: &mut [f32],
+    m: &mut f32,
+    l: &mut f32,
+    acc: &mut [f32],
+) {
+    // ANCHOR: yours_online_softmax
+    // SAFETY: `S`'s instructions are enabled; `max` reads only inside its slice.
+    let tile_max = unsafe { S::max(s) };
+    let m_new = m.max(tile_max);
+    if m_new > *m {
+        let corr = (*m - m_new).exp(); // 0 on the first tile: m = -inf
+        *l *= corr;
+        // SAFETY: `S`'s instructions are enabled; `scale` writes only inside its slice.
+        unsafe { S::scale(acc, corr) };
+        *m = m_new;
+    }
+    // SAFETY: `S`'s instructions are enabled; `exp_sum` stays inside its slice.
+    *l += unsafe { S::exp_sum(s, m_new) };
+    // ANCHOR_END: yours_online_softmax
+}
+// ANCHOR_END: online_softmax
