@@ -446,6 +446,11 @@ fn overlapping_tensors() {
             offset: 32
         }
     );
+    // Touching is not overlapping: a ends where c starts.
+    let b = Builder::new()
+        .tensor_at("a", &[16], GgmlType::F32, vec![0; 64], 0)
+        .tensor_at("c", &[4], GgmlType::F32, vec![0; 16], 64);
+    assert!(Gguf::parse(&b.build()).is_ok());
     // Same start, and an empty tensor anywhere: the first overlaps, the second does not.
     let b = Builder::new()
         .tensor_at("a", &[8], GgmlType::F32, vec![0; 32], 0)

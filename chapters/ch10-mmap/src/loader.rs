@@ -46,6 +46,37 @@ impl<O: AsRef<[u8]>> AsRef<[u8]> for TensorBytes<O> {
 }
 // ANCHOR_END: tensor_bytes
 
+// ANCHOR: view_or_copy
+impl<O: AsRef<[u8]>> ViewLoader<O> {
+    /// What tensor `info`'s matrix computes on: its `view` of the file, or an aligned copy when
+    /// the view does not start on a multiple of its blocks' alignment (then its name goes into
+    /// `copied`). `bytes`, what the model's loader passed, must be that view's very bytes.
+    fn view_or_copy(
+        &self,
+        view: SharedBytes<O>,
+        info: &TensorInfo,
+        bytes: &[u8],
+    ) -> Result<TensorBytes<O>, LoadError> {
+        // ANCHOR: yours_view_or_copy
+        if !std::ptr::eq(view.as_ref(), bytes) {
+            return Err(LoadError::Other(format!(
+                "tensor {:?}: the bytes given are not this loader's file (a view loader serves \
+                 the file it was made for)",
+                info.name
+            )));
+        }
+        let address = view.as_ref().as_ptr() as usize;
+        if address.is_multiple_of(block_align(info.ggml_type)) {
+            Ok(TensorBytes::View(view))
+        } else {
+            self.copied.borrow_mut().push(info.name.clone());
+            Ok(TensorBytes::Copy(AlignedBuf::copy_of(view.as_ref())))
+        }
+        // ANCHOR_END: yours_view_or_copy
+    }
+}
+// ANCHOR_END: view_or_copy
+
 /// The alignment the kernels need for the bytes of a `ty` tensor: the alignment of ggml's
 /// block struct. Float rows are decoded with `from_le_bytes`, so any address serves them.
 pub fn block_align(ty: GgmlType) -> usize {
@@ -165,21 +196,8 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
         pack: bool,
     ) -> Result<Box<dyn Matrix>, LoadError> {
         let view = self.view(gguf, info)?;
-        if !std::ptr::eq(view.as_ref(), bytes) {
-            return Err(LoadError::Other(format!(
-                "tensor {:?}: the bytes given are not this loader's file (a view loader serves \
-                 the file it was made for)",
-                info.name
-            )));
-        }
         let range = view.offset()..view.offset() + view.as_ref().len();
-        let data = if (view.as_ref().as_ptr() as usize).is_multiple_of(block_align(info.ggml_type))
-        {
-            TensorBytes::View(view)
-        } else {
-            self.copied.borrow_mut().push(info.name.clone());
-            TensorBytes::Copy(AlignedBuf::copy_of(view.as_ref()))
-        };
+        let data = self.view_or_copy(view, info, bytes)?;
         let matrix = self.fast.matrix_packed_if(info, data, pack)?;
         // ANCHOR: release
         // A repacked matrix keeps a copy of its own: the file's pages of it are read no more
@@ -197,3 +215,85 @@ impl<O: AsRef<[u8]> + ReleasePages + Send + Sync + 'static> ViewLoader<O> {
     }
 }
 // ANCHOR_END: make
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ch06::gguf_write::GgufWriter;
+    use ch08::{PoolKind, new_pool};
+    use std::sync::Arc;
+
+    /// A file of one `Q8_0` matrix (two rows of one block) with `general.alignment` set to
+    /// `alignment`, its header made odd in length with `pad` when needed.
+    fn one_matrix(alignment: u32, pad: &str) -> (Vec<u8>, Gguf) {
+        let mut w = GgufWriter::new();
+        w.set("general.alignment", ch01::Value::U32(alignment))
+            .unwrap();
+        w.set("test.pad", ch01::Value::String(pad.into())).unwrap();
+        w.add_tensor("m", &[32, 2], GgmlType::Q8_0).unwrap();
+        let data: Vec<u8> = (0..68).map(|i| i as u8).collect();
+        let mut bytes = Vec::new();
+        w.write(&mut bytes, |_| Ok::<_, String>(&data)).unwrap();
+        let gguf = Gguf::parse(&bytes).unwrap();
+        (bytes, gguf)
+    }
+
+    fn loader(bytes: &[u8]) -> ViewLoader<AlignedBuf> {
+        let file = SharedBytes::whole(Arc::new(AlignedBuf::copy_of(bytes)));
+        ViewLoader::new(file, FastLoader::new(new_pool(PoolKind::Spin, 1)))
+    }
+
+    #[test]
+    fn aligned_tensors_are_viewed_and_misaligned_ones_copied() {
+        // Aligned: the matrix's bytes are the file's own, and nothing is copied.
+        let (bytes, gguf) = one_matrix(32, "");
+        let l = loader(&bytes);
+        let view = l.view(&gguf, &gguf.tensors[0]).unwrap();
+        let at = view.as_ref().as_ptr();
+        // A clone of a view shares its bytes: the loader's own, as a model's loader passes.
+        let data = l.view_or_copy(view.clone(), &gguf.tensors[0], view.as_ref());
+        match data.unwrap() {
+            TensorBytes::View(v) => assert_eq!(v.as_ref().as_ptr(), at),
+            TensorBytes::Copy(_) => panic!("an aligned tensor was copied"),
+        }
+        assert!(l.copied().is_empty());
+
+        // Alignment 1 and an odd header: the tensor starts at an odd address, which no Q8_0
+        // block (two-byte aligned) accepts, so it is copied, once, to aligned memory.
+        let (bytes, gguf) = [one_matrix(1, ""), one_matrix(1, "x")]
+            .into_iter()
+            .find(|(_, g)| g.data_offset % 2 == 1)
+            .unwrap();
+        let l = loader(&bytes);
+        let view = l.view(&gguf, &gguf.tensors[0]).unwrap();
+        assert_eq!(view.as_ref().as_ptr() as usize % 2, 1);
+        let want = view.as_ref().to_vec();
+        // A clone of a view shares its bytes: the loader's own, as a model's loader passes.
+        let data = l.view_or_copy(view.clone(), &gguf.tensors[0], view.as_ref());
+        match data.unwrap() {
+            TensorBytes::Copy(c) => {
+                assert_eq!(c.as_ref(), &want[..]);
+                assert_eq!(
+                    c.as_ref().as_ptr() as usize % block_align(GgmlType::Q8_0),
+                    0
+                );
+            }
+            TensorBytes::View(_) => panic!("a misaligned tensor was viewed"),
+        }
+        assert_eq!(l.copied(), ["m"]);
+    }
+
+    #[test]
+    fn bytes_from_another_buffer_are_refused() {
+        let (bytes, gguf) = one_matrix(32, "");
+        let l = loader(&bytes);
+        let view = l.view(&gguf, &gguf.tensors[0]).unwrap();
+        // Equal bytes, another place: not the file this loader serves.
+        let elsewhere = view.as_ref().to_vec();
+        let e = l
+            .view_or_copy(view, &gguf.tensors[0], &elsewhere)
+            .err()
+            .expect("bytes from another buffer accepted");
+        assert!(e.to_string().contains("not this loader's file"), "{e}");
+    }
+}

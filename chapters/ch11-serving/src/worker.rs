@@ -16,7 +16,9 @@
 //! scheduler takes the next ones.
 
 use ch04::{GenParams, StopReason};
-use ch07::{Lookahead, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport, Submit};
+use ch07::{
+    Finished, Lookahead, Request, RequestId, Scheduler, SchedulerConfig, Sink, StepReport, Submit,
+};
 use ch10::Engine;
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
@@ -221,6 +223,22 @@ struct Live {
     first: bool,
 }
 
+impl Live {
+    /// The final report of this request, ended by the scheduler as `f`, with reason `stop`.
+    fn outcome(&self, f: &Finished, stop: StopReason, timed_out: bool, closed: bool) -> Outcome {
+        Outcome {
+            stop,
+            timed_out,
+            closed,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: f.ids.len(),
+            cached_tokens: f.cached_tokens.min(self.prompt_tokens),
+            fed_ahead_tokens: f.fed_ahead,
+            kept_ahead_tokens: f.kept_ahead,
+        }
+    }
+}
+
 /// Sends each request's text to its channel, notes whose channel is closed, and tells the
 /// observer of every token.
 struct Streams<'a> {
@@ -346,6 +364,7 @@ fn engine_loop(
         // ANCHOR: leave
         // 2. Requests whose client left, or whose time is up (or all, once closed), leave
         //    before the step.
+        // ANCHOR: yours_leave
         let now = Instant::now();
         let mut late = Vec::new();
         for (&id, l) in &live {
@@ -361,24 +380,18 @@ fn engine_loop(
             {
                 tickets.remove(&l.ticket);
                 let timed_out = late.contains(&id);
-                let outcome = Outcome {
-                    stop: if timed_out {
-                        StopReason::MaxTokens
-                    } else {
-                        f.stop
-                    },
-                    timed_out,
-                    closed: timed_out && closed,
-                    prompt_tokens: l.prompt_tokens,
-                    completion_tokens: f.ids.len(),
-                    cached_tokens: f.cached_tokens.min(l.prompt_tokens),
-                    fed_ahead_tokens: f.fed_ahead,
-                    kept_ahead_tokens: f.kept_ahead,
+                // A request the server ends reports `length`, as if it reached its limit.
+                let stop = if timed_out {
+                    StopReason::MaxTokens
+                } else {
+                    f.stop
                 };
+                let outcome = l.outcome(&f, stop, timed_out, timed_out && closed);
                 observer.done(&l.label, &outcome);
                 let _ = l.events.send(Event::Done(outcome));
             }
         }
+        // ANCHOR_END: yours_leave
         // ANCHOR_END: leave
 
         // ANCHOR: step
@@ -404,16 +417,7 @@ fn engine_loop(
                     for f in &report.finished {
                         if let Some(l) = live.remove(&f.id) {
                             tickets.remove(&l.ticket);
-                            let outcome = Outcome {
-                                stop: f.stop,
-                                timed_out: false,
-                                closed: false,
-                                prompt_tokens: l.prompt_tokens,
-                                completion_tokens: f.ids.len(),
-                                cached_tokens: f.cached_tokens.min(l.prompt_tokens),
-                                fed_ahead_tokens: f.fed_ahead,
-                                kept_ahead_tokens: f.kept_ahead,
-                            };
+                            let outcome = l.outcome(f, f.stop, false, false);
                             observer.done(&l.label, &outcome);
                             let _ = l.events.send(Event::Done(outcome));
                         }

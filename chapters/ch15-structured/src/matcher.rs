@@ -221,7 +221,6 @@ fn match_char(elems: &[Elem], pos: usize, c: u32) -> (bool, usize) {
 /// Whether some character starting with the bytes of `partial` could match the class at
 /// `pos` (llama.cpp's `llama_grammar_match_partial_char`).
 fn match_partial(elems: &[Elem], pos: usize, partial: Partial) -> bool {
-    let positive = !matches!(elems[pos], Elem::CharNot(_));
     let n = partial.n_remain as u32;
     if partial.n_remain < 0 || (n == 1 && partial.value < 2) {
         return false; // not UTF-8, or an overlong 2-byte start
@@ -235,6 +234,8 @@ fn match_partial(elems: &[Elem], pos: usize, partial: Partial) -> bool {
             _ => low,
         };
     }
+    // ANCHOR: yours_match_partial
+    let positive = !matches!(elems[pos], Elem::CharNot(_));
     let mut i = pos;
     loop {
         match elems[i] {
@@ -258,6 +259,7 @@ fn match_partial(elems: &[Elem], pos: usize, partial: Partial) -> bool {
             return !positive;
         }
     }
+    // ANCHOR_END: yours_match_partial
 }
 // ANCHOR_END: match_partial
 
@@ -401,6 +403,7 @@ impl Grammar {
         out: &mut Stacks,
         s: &mut Scratch,
     ) -> Result<(), MatchError> {
+        // ANCHOR: yours_accept_char
         out.clear();
         let mut stack = Vec::new();
         for st in stacks.iter() {
@@ -418,6 +421,7 @@ impl Grammar {
             }
         }
         Ok(())
+        // ANCHOR_END: yours_accept_char
     }
     // ANCHOR_END: accept_char
 
@@ -564,6 +568,32 @@ item ::= [0-9]+ | "\"" [^"]* "\"""#);
         let mut m = Matcher::new(x).unwrap();
         assert!(!m.allows(&[0xC3, b'a']), "a cut character");
         assert!(!m.allows(&[0xE2]), "no class starts with this byte");
+    }
+
+    /// `C3` starts one of U+00C0..=U+00FF: a class fits it when one of its characters or
+    /// ranges meets that span (a negated class, when none does).
+    #[test]
+    fn a_partial_character_fits_a_class_when_their_ranges_meet() {
+        let fits = |class: &str| {
+            let x = g(&format!("root ::= {class}"));
+            let mut s = Scratch::default();
+            let stacks = x.initial_stacks(&mut s).unwrap();
+            let mut p = Partial::default();
+            assert_eq!(p.push(0xC3), None);
+            x.partial_fits(&stacks, p)
+        };
+        assert!(fits("[é]"), "a character inside the span");
+        assert!(fits("[a-ê]"), "a range that overlaps the span's start");
+        assert!(
+            fits(r"[a-z\u0100-\u0200ÿ]"),
+            "the last of three alternatives"
+        );
+        assert!(!fits("[a-z]"), "a range below the span");
+        assert!(fits("[^a-z]"), "negated, its ranges below the span");
+        assert!(
+            !fits(r"[^\u00C5-\u00C6]"),
+            "negated, a range inside the span"
+        );
     }
 
     /// As llama.cpp's `decode_utf8`: a byte that cannot continue the character begun (an

@@ -484,6 +484,7 @@ fn check_extents(
     alignment: u64,
     data_len: u64,
 ) -> Result<(), ParseError> {
+    // ANCHOR: yours_extents
     for (t, &at) in tensors.iter().zip(offset_fields) {
         let fail = |kind| Err(error_at(at, kind).in_tensor(&t.name));
         if !t.offset.is_multiple_of(alignment) {
@@ -505,8 +506,10 @@ fn check_extents(
             return fail(kind);
         }
     }
+    // ANCHOR_END: yours_extents
     // Sorted by start, a tensor overlaps another exactly when it starts before the end of the
     // one just before it. Empty tensors occupy no bytes and overlap nothing.
+    // ANCHOR: yours_overlap
     let mut order: Vec<usize> = (0..tensors.len())
         .filter(|&i| tensors[i].n_bytes() > 0)
         .collect();
@@ -524,5 +527,6 @@ fn check_extents(
         }
     }
     Ok(())
+    // ANCHOR_END: yours_overlap
 }
 // ANCHOR_END: check_extents
