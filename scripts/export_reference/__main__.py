@@ -308,6 +308,30 @@ def only_large(sdist: Path, cache: Path, out: Path) -> int:
     return 0
 
 
+def only_variants(sdist: Path, cache: Path, out: Path) -> int:
+    """`--only variants`: redo step 11 alone, replace reference-data/variants/ and update the
+    manifest's `files` and `variants` entries in place. Refused unless the manifest was made
+    from the same sdist, with the same settings (the variants run with the F32 ones, which
+    are the quantized variants' too)."""
+    manifest_path, manifest = recorded_manifest(out, sdist)
+    settings = recorded_settings(manifest_path, manifest)
+    if "variants" not in manifest:
+        raise SystemExit(f"{manifest_path}: no `variants` section; run the whole export")
+    E.init()
+    with tempfile.TemporaryDirectory(prefix="export-reference-variants-") as tmp:
+        stage = Path(tmp)
+        section = variants.export_variants(out / "tokenizer", cache, stage, settings)
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith("variants/")}
+        files.update(file_entries(stage))
+        manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
+        manifest["variants"] = {"how": manifest["variants"]["how"], **section}
+        shutil.rmtree(out / "variants", ignore_errors=True)
+        shutil.move(str(stage / "variants"), str(out / "variants"))
+    write_json(manifest_path, manifest)
+    log(f"replaced {out / 'variants'} and its manifest entries")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="export-reference")
     ap.add_argument("--model", type=Path, required=True, help="the default model (Q4_1 GGUF)")
@@ -317,10 +341,11 @@ def main() -> int:
     ap.add_argument("--gemma3", type=Path, help="Gemma 3 270M Q4_K_M (chapter 13)")
     ap.add_argument(
         "--only",
-        choices=["grammar", "checkpoints", "large"],
+        choices=["grammar", "checkpoints", "large", "variants"],
         help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
-        "constrained runs of --model), step 15 (chapter 17's converted checkpoints), or step 12 "
-        "(chapter 14's generated large models), and update the manifest in place",
+        "constrained runs of --model), step 15 (chapter 17's converted checkpoints), step 12 "
+        "(chapter 14's generated large models), or step 11 (chapter 13's synthetic variants), "
+        "and update the manifest in place",
     )
     args = ap.parse_args()
     if args.only == "grammar":
@@ -333,6 +358,10 @@ def main() -> int:
         if args.cache is None:
             ap.error("--only large needs --cache")
         return only_large(args.sdist, args.cache, args.out)
+    if args.only == "variants":
+        if args.cache is None:
+            ap.error("--only variants needs --cache")
+        return only_variants(args.sdist, args.cache, args.out)
     for name in ("cache", "gemma3"):
         if getattr(args, name) is None:
             ap.error(f"--{name} is required (unless --only)")

@@ -1,5 +1,6 @@
-"""Step 11: synthetic llama-family variants, for chapter 13's checks of what llama.cpp runs with
-llama's graph: Llama 3's RoPE frequency factors, YaRN scaling, Qwen2's Q/K/V biases.
+"""Step 11: synthetic variants of the llama family, for chapter 13's checks against llama.cpp:
+Llama 3's RoPE frequency factors, YaRN scaling, Qwen2's Q/K/V biases, and Qwen3's norms on the
+queries and keys.
 
 No small real model of these is on the package registries the project can reach, so each is
 synthetic: the shapes and metadata of the real family (scaled down: two layers, a 128-wide
@@ -80,7 +81,9 @@ class Variant:
     biases: bool = False
     tied: bool = True
     rope_freqs: list[float] | None = None
+    qk_norm: bool = False  # attn_q_norm, attn_k_norm: (head_dim) weights, Qwen3's
     tensors_dropped: tuple[str, ...] = ()
+    tensors_added: dict = field(default_factory=dict)  # more layer tensors: name -> op
 
 
 def llama3_factors(head_dim: int, base: float, factor: float, low: float, high: float, orig: int):
@@ -147,6 +150,22 @@ VARIANTS = [
         # qwen2's graph names no attn_out (llama.cpp's qwen2.cpp has no such callback).
         tensors_dropped=("attn_out",),
     ),
+    Variant(
+        id="qwen3",
+        arch="qwen3",
+        vocab="qwen2",
+        what="Qwen3: per-head RMS norms on the queries and keys before RoPE, no biases, NeoX "
+        "RoPE, base 1000000, four 64-wide query heads (256 wide, twice the residual stream), "
+        "Qwen2's 152k vocabulary",
+        n_head=4,
+        n_head_kv=2,
+        context_length=40960,
+        freq_base=1000000.0,
+        qk_norm=True,
+        # qwen3's graph names no attn_out either; it names the normalised queries and keys.
+        tensors_dropped=("attn_out",),
+        tensors_added={"Qcur_normed": "MUL", "Kcur_normed": "MUL"},
+    ),
 ]
 
 
@@ -193,6 +212,9 @@ def recipe(v: Variant, vocab_size: int) -> dict:
             vec(f"{b}.attn_q.bias", q, 0.5, 0.0)
             vec(f"{b}.attn_k.bias", kv, 0.5, 0.0)
             vec(f"{b}.attn_v.bias", kv, 0.5, 0.0)
+        if v.qk_norm:
+            vec(f"{b}.attn_q_norm.weight", v.head_dim, 0.5, 1.0)
+            vec(f"{b}.attn_k_norm.weight", v.head_dim, 0.5, 1.0)
         mat(f"{b}.attn_output.weight", q, d)
         vec(f"{b}.ffn_norm.weight", d, 0.25, 1.0)
         mat(f"{b}.ffn_gate.weight", d, ff)
@@ -271,6 +293,7 @@ def export_variants(tokenizer_dir: Path, cache: Path, out_dir: Path,
             log(f"variant {v.id}: {len(ids)} prompt tokens")
             layer_tensors = {k: op for k, op in LAYER_TENSORS.items()
                              if k not in v.tensors_dropped}
+            layer_tensors.update(v.tensors_added)
             wanted = P.wanted_names(v.n_layer, layer_tensors, tuple(range(v.n_layer)),
                                     P.GLOBAL_TENSORS)
             t, _, _, _ = P.capture_prompt(model, settings, ids, v.n_layer, wanted,

@@ -8,7 +8,8 @@
 //! - [`layer`]: the gated feed-forward block, one transformer block's weights.
 //! - [`arch`]: architectures as values: the [`Blocks`] trait a model's layers implement, and
 //!   [`Architectures`], the set of architectures [`Model::load`] is given.
-//! - [`llama`]: llama, the first architecture: its blocks and its loader.
+//! - [`llama`]: llama, the first architecture: its blocks, their attention as a value
+//!   ([`llama::AttentionBlock`], chapter 3's for llama), and its loader.
 //! - [`memory`]: sizes multiplied without overflow and checked against the machine's memory
 //!   before a buffer of that size is allocated (a hostile file's context length, a flag's).
 //! - [`batch`]: the tokens of one forward pass, each with its sequence and position.

@@ -7,6 +7,10 @@
 //! h = x + attention(rms_norm(x))
 //! x = h + ffn(rms_norm(h))
 //! ```
+//!
+//! The attention of that block is a value of the blocks ([`AttentionBlock`]): llama's is
+//! chapter 3's ([`Standard`]), and an architecture whose attention differs in a step keeps the
+//! rest of the block by bringing its own.
 
 use crate::arch::{Architecture, Blocks, Ctx};
 use crate::batch::Batch;
@@ -14,7 +18,7 @@ use crate::compute::Scratch;
 use crate::layer::LayerWeights;
 use ch01::{Config, GgufFile};
 use ch03::matrix::{LoadError, MatrixLoader};
-use ch03::{KvDyn, Observer};
+use ch03::{AttentionWeights, AttnScratch, KvDyn, Observer, TokenPos};
 
 /// `general.architecture` of llama files.
 pub const NAME: &str = "llama";
@@ -26,10 +30,64 @@ pub const ARCHITECTURE: Architecture = Architecture {
     chat_template: None,
 };
 
-/// Llama's blocks: `n_layer` of them.
-pub struct Llama {
+/// Llama's blocks: `n_layer` of them, and the attention they run (chapter 3's for llama).
+pub struct Llama<A = Standard> {
     pub layers: Vec<LayerWeights>,
+    pub attention: A,
 }
+
+// ANCHOR: attention_block
+/// The attention sub-block of a llama block: from the normalised input `x` (`(n, d_model)`) to
+/// `out` (`(n, d_model)`), storing the tokens' keys and values in `kv` on the way. Llama's is
+/// [`Standard`]; an architecture whose attention differs in one of chapter 3's steps (norms on
+/// the queries and keys between projecting and rotating, say) implements this with the steps
+/// it keeps, and runs the rest of llama's block as it is.
+pub trait AttentionBlock: Send + Sync + 'static {
+    /// Layer `layer`'s attention, with its projections `w`, the model's hyperparameters and
+    /// compute in `ctx`, and the buffers of `s`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        ctx: &Ctx<'_>,
+        s: &mut AttnScratch,
+        w: &AttentionWeights,
+        layer: usize,
+        x: &[f32],
+        tokens: &[TokenPos],
+        kv: &mut dyn KvDyn,
+        obs: &mut dyn Observer,
+        out: &mut [f32],
+    );
+
+    /// The tensors of each layer it reads besides chapter 3's projections and their biases
+    /// (names after `blk.N.`): a file's tensors are checked against these too.
+    fn layer_tensors(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// Llama's attention: chapter 3's five steps as they are.
+pub struct Standard;
+
+impl AttentionBlock for Standard {
+    fn forward(
+        &self,
+        ctx: &Ctx<'_>,
+        s: &mut AttnScratch,
+        w: &AttentionWeights,
+        layer: usize,
+        x: &[f32],
+        tokens: &[TokenPos],
+        kv: &mut dyn KvDyn,
+        obs: &mut dyn Observer,
+        out: &mut [f32],
+    ) {
+        let ops = ctx.compute;
+        ctx.attention
+            .forward_with(ops, s, w, layer, x, tokens, kv, obs, out);
+    }
+}
+// ANCHOR_END: attention_block
 
 /// Read a llama file's configuration and build its blocks.
 pub fn load(
@@ -51,16 +109,29 @@ impl Llama {
         loader: &dyn MatrixLoader,
         config: &Config,
     ) -> Result<Llama, LoadError> {
+        Llama::load_with(file, loader, config, Standard)
+    }
+}
+
+impl<A: AttentionBlock> Llama<A> {
+    /// [`Llama::load`] with another attention, `attention`, whose own tensors the file may
+    /// hold as well.
+    pub fn load_with<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        loader: &dyn MatrixLoader,
+        config: &Config,
+        attention: A,
+    ) -> Result<Llama<A>, LoadError> {
         let layers = (0..config.n_layer)
             .map(|l| LayerWeights::load(file, loader, config, l))
             .collect::<Result<Vec<_>, _>>()?;
-        check_all_used(file, config)?;
-        Ok(Llama { layers })
+        check_used(file, config, attention.layer_tensors())?;
+        Ok(Llama { layers, attention })
     }
 }
 
 // ANCHOR: blocks
-impl Blocks for Llama {
+impl<A: AttentionBlock> Blocks for Llama<A> {
     /// Llama's blocks over the residual stream `s.x` (`(n, d_model)`), in place.
     fn forward(
         &self,
@@ -79,8 +150,8 @@ impl Blocks for Llama {
             if obs.enabled() {
                 obs.observe(&format!("attn_norm-{l}"), &[n, d], h);
             }
-            ctx.attention
-                .forward_with(ops, &mut s.attn, &w.attn, l, h, &batch.at, kv, obs, y);
+            self.attention
+                .forward(ctx, &mut s.attn, &w.attn, l, h, &batch.at, kv, obs, y);
             ops.add(x, y); // residual connection
             if obs.enabled() {
                 obs.observe(&format!("ffn_inp-{l}"), &[n, d], x);
@@ -115,6 +186,15 @@ impl Blocks for Llama {
 /// and ours does not (a fused QKV matrix, biases of the feed-forward network), or one nothing
 /// uses. Running without it would compute another model.
 pub fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
+    check_used(file, cfg, &[])
+}
+
+/// [`check_all_used`] for blocks that also read `more` of each layer's tensors.
+pub fn check_used<B: AsRef<[u8]>>(
+    file: &GgufFile<B>,
+    cfg: &Config,
+    more: &[&str],
+) -> Result<(), LoadError> {
     const GLOBAL: [&str; 4] = [
         "token_embd.weight",
         "output_norm.weight",
@@ -145,7 +225,7 @@ pub fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Resul
                     layer
                         .parse::<usize>()
                         .is_ok_and(|l| l < cfg.n_layer && l.to_string() == layer)
-                        && LAYER.contains(&t)
+                        && (LAYER.contains(&t) || more.contains(&t))
                 })
     };
     match file.gguf.tensors.iter().find(|t| !used(&t.name)) {

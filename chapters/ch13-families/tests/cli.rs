@@ -119,7 +119,10 @@ fn an_architecture_outside_the_set_is_refused_by_name() {
         err.to_string(),
         "architecture \"gemma3\" is not supported (supported: llama)"
     );
-    assert_eq!(ch13::architectures().names(), ["llama", "gemma3", "qwen2"]);
+    assert_eq!(
+        ch13::architectures().names(),
+        ["llama", "gemma3", "qwen2", "qwen3"]
+    );
 }
 
 #[test]
@@ -132,7 +135,7 @@ fn inspect_says_what_a_file_holds_and_whether_it_runs() {
         "llama.block_count",
         "token_embd.weight",
         "config:",
-        "llm-rs runs architecture \"llama\" (it runs llama, gemma3, qwen2)",
+        "llm-rs runs architecture \"llama\" (it runs llama, gemma3, qwen2, qwen3)",
     ] {
         assert!(s.contains(want), "{want:?} missing from:\n{s}");
     }
@@ -143,4 +146,40 @@ fn inspect_says_what_a_file_holds_and_whether_it_runs() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A Qwen3 file (the synthetic variant of `tests/variants.rs`, written out): `inspect` says the
+/// engine runs it, and `run` continues its prompt greedily with llama.cpp's tokens.
+#[test]
+fn inspect_and_run_take_a_qwen3_file() {
+    use testkit::refdata;
+    let recipe = refdata::json("variants/qwen3/model.json").unwrap_or_else(|e| panic!("{e}"));
+    let vocab = refdata::read(recipe["vocab"].as_str().unwrap()).unwrap();
+    let vocab = ch01::Gguf::parse(&vocab).unwrap();
+    let bytes = ch13::synthetic::build(&recipe, &vocab).unwrap_or_else(|e| panic!("{e}"));
+    let path = std::env::temp_dir().join(format!("llm-rs-cli-qwen3-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let file = path.to_str().unwrap();
+    let inspect = llm_rs(&["inspect", file], None);
+    let prompt = recipe["prompt"]["text"].as_str().unwrap();
+    let n = recipe["generated"].as_array().unwrap().len().to_string();
+    let run = llm_rs(
+        &[
+            "run", "--model", file, "--temp", "0", "-n", &n, "--json", prompt,
+        ],
+        None,
+    );
+    std::fs::remove_file(&path).unwrap();
+    assert!(inspect.status.success(), "{}", text(&inspect.stderr));
+    let s = text(&inspect.stdout);
+    for want in [
+        "qwen3.block_count",
+        "blk.0.attn_q_norm.weight",
+        "llm-rs runs architecture \"qwen3\"",
+    ] {
+        assert!(s.contains(want), "{want:?} missing from:\n{s}");
+    }
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(json["ids"], recipe["generated"], "{json}");
 }

@@ -1,7 +1,7 @@
 //! Llama-family variants against llama.cpp, tensor by tensor, on synthetic models
 //! (`reference-data/variants/`, made by `scripts/export-reference`): Llama 3's RoPE frequency
-//! factors, YaRN scaling (with an attention factor and an untied output matrix), and Qwen2's
-//! Q/K/V biases with NeoX RoPE. Each model is built here from its recipe — the metadata of its
+//! factors, YaRN scaling (with an attention factor and an untied output matrix), Qwen2's Q/K/V
+//! biases with NeoX RoPE, and Qwen3's per-head norms of the queries and keys. Each model is built here from its recipe — the metadata of its
 //! family, a real vocabulary, seeded F32 weights whose sha256 must match the pipeline's — so
 //! llama.cpp and we run identical weights, and the checks are the F32 path's.
 
@@ -129,7 +129,8 @@ fn check_prompt(v: &Variant) {
         worst.1,
         logits
     );
-    // 13 per layer (12 for qwen2, whose graph names no attn_out), the final norm, the logits.
+    // 14 per layer (13 for qwen2, whose graph names no attn_out; 15 for qwen3, whose graph
+    // names no attn_out and adds Qcur_normed, Kcur_normed), the final norm, the logits.
     assert!(checked >= 28, "{}: only {checked} tensors compared", v.id);
 }
 
@@ -235,11 +236,29 @@ fn qwen2_biases_and_neox_rope_match_llama_cpp() {
     check_decode(&v);
 }
 
+#[test]
+fn qwen3_query_and_key_norms_match_llama_cpp() {
+    let v = load("qwen3");
+    let blocks = v
+        .model
+        .blocks_as::<ch04::llama::Llama<ch13::qwen3::QkNormed>>()
+        .expect("llama blocks with Qwen3's attention");
+    assert_eq!(blocks.attention.layers.len(), 2);
+    assert!(blocks.layers[0].attn.bias.q.is_none());
+    let refs = TensorFile::open("variants/qwen3/prompt.safetensors").unwrap();
+    assert!(
+        refs.names().iter().any(|n| n == "Qcur_normed-1"),
+        "no normed queries stored"
+    );
+    check_prompt(&v);
+    check_decode(&v);
+}
+
 /// The finished engine's path (chapter 8's threaded SIMD products and attention) on every
 /// variant: the same decode check.
 #[test]
 fn the_engine_runs_every_variant_as_llama_cpp_does() {
-    for id in ["llama3", "yarn", "qwen2"] {
+    for id in ["llama3", "yarn", "qwen2", "qwen3"] {
         check_decode(&load_with(id, true));
     }
 }
@@ -267,4 +286,19 @@ fn an_unused_tensor_is_refused_by_name() {
         .expect("loaded")
         .to_string();
     assert!(err.contains("blk.0.ffn_up.bias"), "{err}");
+}
+
+/// A Qwen3 file without one of its norms is refused, naming the tensor.
+#[test]
+fn a_qwen3_file_without_a_key_norm_is_refused_by_name() {
+    let mut recipe = refdata::json("variants/qwen3/model.json").unwrap();
+    let tensors = recipe["tensors"].as_array_mut().unwrap();
+    tensors.retain(|t| t["name"] != "blk.1.attn_k_norm.weight");
+    let vocab = Gguf::parse(&refdata::read(recipe["vocab"].as_str().unwrap()).unwrap()).unwrap();
+    let file = GgufFile::from_bytes(synthetic::build(&recipe, &vocab).unwrap()).unwrap();
+    let err = Model::load(&file, &DenseLoader, &ch13::architectures())
+        .err()
+        .expect("loaded")
+        .to_string();
+    assert!(err.contains("blk.1.attn_k_norm.weight"), "{err}");
 }
