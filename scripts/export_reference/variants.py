@@ -1,6 +1,6 @@
 """Step 11: synthetic variants of the llama family, for chapter 13's checks against llama.cpp:
-Llama 3's RoPE frequency factors, YaRN scaling, Qwen2's Q/K/V biases, and Qwen3's norms on the
-queries and keys.
+Llama 3's RoPE frequency factors, YaRN scaling, Qwen2's Q/K/V biases, Qwen3's norms on the
+queries and keys, and Qwen3-MoE's mixture of experts.
 
 No small real model of these is on the package registries the project can reach, so each is
 synthetic: the shapes and metadata of the real family (scaled down: two layers, a 128-wide
@@ -84,6 +84,9 @@ class Variant:
     qk_norm: bool = False  # attn_q_norm, attn_k_norm: (head_dim) weights, Qwen3's
     tensors_dropped: tuple[str, ...] = ()
     tensors_added: dict = field(default_factory=dict)  # more layer tensors: name -> op
+    # A mixture of experts in place of the SwiGLU network (Qwen3-MoE's): (n_expert,
+    # n_expert_used, n_ff_exp), with a router `ffn_gate_inp` and 3-D `ffn_*_exps` tensors.
+    moe: tuple[int, int, int] | None = None
 
 
 def llama3_factors(head_dim: int, base: float, factor: float, low: float, high: float, orig: int):
@@ -166,6 +169,37 @@ VARIANTS = [
         tensors_dropped=("attn_out",),
         tensors_added={"Qcur_normed": "MUL", "Kcur_normed": "MUL"},
     ),
+    Variant(
+        id="qwen3moe",
+        arch="qwen3moe",
+        vocab="qwen2",
+        what="Qwen3-MoE: Qwen3's attention, and in place of SwiGLU a mixture of 8 SwiGLU "
+        "experts 64 wide, 2 used per token (softmax router, top 2, weights renormalised), "
+        "Qwen2's 152k vocabulary",
+        n_head=4,
+        n_head_kv=2,
+        context_length=40960,
+        freq_base=1000000.0,
+        qk_norm=True,
+        extra={
+            "expert_count": ("u32", 8),
+            "expert_used_count": ("u32", 2),
+            "expert_feed_forward_length": ("u32", 64),
+        },
+        moe=(8, 2, 64),
+        # The graph names neither attn_out nor the dense network's tensors; it names the
+        # router's logits and probabilities, the chosen experts' renormalised weights, and
+        # the weighted sum of their outputs.
+        tensors_dropped=("attn_out", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out"),
+        tensors_added={
+            "Qcur_normed": "MUL",
+            "Kcur_normed": "MUL",
+            "ffn_moe_logits": "MUL_MAT",
+            "ffn_moe_probs": "SOFT_MAX",
+            "ffn_moe_weights_norm": "DIV",
+            "ffn_moe_out": "ADD",
+        },
+    ),
 ]
 
 
@@ -194,6 +228,11 @@ def recipe(v: Variant, vocab_size: int) -> dict:
         tensors.append({"name": name, "ne": [cols, rows], "scale": math.sqrt(3.0 / cols),
                         "offset": 0.0})
 
+    def experts(name, cols, rows, n):
+        # n matrices of (rows, cols), each as mat() makes them.
+        tensors.append({"name": name, "ne": [cols, rows, n], "scale": math.sqrt(3.0 / cols),
+                        "offset": 0.0})
+
     def vec(name, n, scale, offset):
         tensors.append({"name": name, "ne": [n], "scale": scale, "offset": offset})
 
@@ -217,9 +256,18 @@ def recipe(v: Variant, vocab_size: int) -> dict:
             vec(f"{b}.attn_k_norm.weight", v.head_dim, 0.5, 1.0)
         mat(f"{b}.attn_output.weight", q, d)
         vec(f"{b}.ffn_norm.weight", d, 0.25, 1.0)
-        mat(f"{b}.ffn_gate.weight", d, ff)
-        mat(f"{b}.ffn_up.weight", d, ff)
-        mat(f"{b}.ffn_down.weight", ff, d)
+        if v.moe is not None:
+            n_exp, _, ff_exp = v.moe
+            # The router at mat()'s scale: logits of about unit size, so the softmax spreads
+            # the tokens over the experts instead of sending them all to one.
+            mat(f"{b}.ffn_gate_inp.weight", d, n_exp)
+            experts(f"{b}.ffn_gate_exps.weight", d, ff_exp, n_exp)
+            experts(f"{b}.ffn_up_exps.weight", d, ff_exp, n_exp)
+            experts(f"{b}.ffn_down_exps.weight", ff_exp, d, n_exp)
+        else:
+            mat(f"{b}.ffn_gate.weight", d, ff)
+            mat(f"{b}.ffn_up.weight", d, ff)
+            mat(f"{b}.ffn_down.weight", ff, d)
     vec("output_norm.weight", d, 0.25, 1.0)
     if not v.tied:
         mat("output.weight", d, vocab_size)

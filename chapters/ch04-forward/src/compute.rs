@@ -136,15 +136,24 @@ pub trait Compute: AttentionOps {
 
 impl Compute for Scalar {}
 
+/// The buffers of a feed-forward sub-block, reused from call to call: llama's uses `gate` and
+/// `up`; a feed-forward network of another kind may use the spare ones as it likes.
+#[derive(Debug, Default, Clone)]
+pub struct FfnScratch {
+    pub gate: Vec<f32>, // (n, n_ff)
+    pub up: Vec<f32>,   // (n, n_ff)
+    pub spare: Vec<f32>,
+    pub index: Vec<usize>,
+}
+
 /// The activations of a forward pass (llama2.c's `RunState`), sized by the largest batch seen.
 #[derive(Debug, Default, Clone)]
 pub struct Scratch {
     pub attn: AttnScratch,
-    pub x: Vec<f32>,    // (n, d_model): the residual stream
-    pub h: Vec<f32>,    // (n, d_model): normalised input of a sub-block
-    pub y: Vec<f32>,    // (n, d_model): output of a sub-block
-    pub gate: Vec<f32>, // (n, n_ff)
-    pub up: Vec<f32>,   // (n, n_ff)
+    pub x: Vec<f32>, // (n, d_model): the residual stream
+    pub h: Vec<f32>, // (n, d_model): normalised input of a sub-block
+    pub y: Vec<f32>, // (n, d_model): output of a sub-block
+    pub ffn: FfnScratch,
     /// Batch rows whose logits are wanted.
     pub rows: Vec<usize>,
     pub sel: Vec<f32>,    // (n_out, d_model): those rows of the residual stream

@@ -44,7 +44,7 @@ pub mod model;
 pub mod sampling;
 
 pub use arch::{ArchSet, Architecture, Architectures, Blocks, Ctx, LoadBlocks, Named};
-pub use compute::{Activation, Compute, Scratch};
+pub use compute::{Activation, Compute, FfnScratch, Scratch};
 
 pub use generate::{
     GenParams, Generation, Generator, Session, StepError, StopFilter, StopReason, Uncached,

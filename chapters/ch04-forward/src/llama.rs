@@ -10,12 +10,14 @@
 //!
 //! The attention of that block is a value of the blocks ([`AttentionBlock`]): llama's is
 //! chapter 3's ([`Standard`]), and an architecture whose attention differs in a step keeps the
-//! rest of the block by bringing its own.
+//! rest of the block by bringing its own. The feed-forward network is each layer's value of a
+//! type the blocks name ([`FfnBlock`]): llama's is the SwiGLU of [`FeedForward`], and an
+//! architecture with another network keeps the rest of the block by bringing that.
 
 use crate::arch::{Architecture, Blocks, Ctx};
 use crate::batch::Batch;
-use crate::compute::Scratch;
-use crate::layer::LayerWeights;
+use crate::compute::{FfnScratch, Scratch};
+use crate::layer::{FeedForward, LayerWeights};
 use ch01::{Config, GgufFile};
 use ch03::matrix::{LoadError, MatrixLoader};
 use ch03::{AttentionWeights, AttnScratch, KvDyn, Observer, TokenPos};
@@ -30,9 +32,10 @@ pub const ARCHITECTURE: Architecture = Architecture {
     chat_template: None,
 };
 
-/// Llama's blocks: `n_layer` of them, and the attention they run (chapter 3's for llama).
-pub struct Llama<A = Standard> {
-    pub layers: Vec<LayerWeights>,
+/// Llama's blocks: `n_layer` of them with their feed-forward networks `F`, and the attention
+/// they run (chapter 3's and SwiGLU for llama).
+pub struct Llama<A = Standard, F = FeedForward> {
+    pub layers: Vec<LayerWeights<F>>,
     pub attention: A,
 }
 
@@ -89,6 +92,29 @@ impl AttentionBlock for Standard {
 }
 // ANCHOR_END: attention_block
 
+// ANCHOR: ffn_block
+/// The feed-forward sub-block of one llama layer, as a value of the layer: from the normalised
+/// input `x` (`(n, d_model)`) to `out` (`(n, d_model)`). Llama's is [`FeedForward`]; an
+/// architecture whose network differs implements this for the weights of one layer and runs
+/// the rest of llama's block as it is.
+pub trait FfnBlock: Send + Sync + 'static {
+    /// Layer `layer`'s network, with compute in `ctx` and the buffers of `s`.
+    fn forward(
+        &self,
+        ctx: &Ctx<'_>,
+        s: &mut FfnScratch,
+        layer: usize,
+        x: &[f32],
+        obs: &mut dyn Observer,
+        out: &mut [f32],
+    );
+
+    /// The tensors of each layer it reads (names after `blk.N.`): a file's tensors are
+    /// checked against these.
+    fn layer_tensors() -> &'static [&'static str];
+}
+// ANCHOR_END: ffn_block
+
 /// Read a llama file's configuration and build its blocks.
 pub fn load(
     file: &GgufFile<&[u8]>,
@@ -122,16 +148,32 @@ impl<A: AttentionBlock> Llama<A> {
         config: &Config,
         attention: A,
     ) -> Result<Llama<A>, LoadError> {
+        Llama::load_with_ffn(file, loader, config, attention, |l| {
+            FeedForward::load(file, loader, config, l)
+        })
+    }
+}
+
+impl<A: AttentionBlock, F: FfnBlock> Llama<A, F> {
+    /// [`Llama::load_with`] with another feed-forward network: `ffn(l)` reads layer `l`'s.
+    pub fn load_with_ffn<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        loader: &dyn MatrixLoader,
+        config: &Config,
+        attention: A,
+        mut ffn: impl FnMut(usize) -> Result<F, LoadError>,
+    ) -> Result<Llama<A, F>, LoadError> {
         let layers = (0..config.n_layer)
-            .map(|l| LayerWeights::load(file, loader, config, l))
+            .map(|l| LayerWeights::load_with(file, loader, config, l, || ffn(l)))
             .collect::<Result<Vec<_>, _>>()?;
-        check_used(file, config, attention.layer_tensors())?;
+        let more = [attention.layer_tensors(), F::layer_tensors()].concat();
+        check_used(file, config, &more)?;
         Ok(Llama { layers, attention })
     }
 }
 
 // ANCHOR: blocks
-impl<A: AttentionBlock> Blocks for Llama<A> {
+impl<A: AttentionBlock, F: FfnBlock> Blocks for Llama<A, F> {
     /// Llama's blocks over the residual stream `s.x` (`(n, d_model)`), in place.
     fn forward(
         &self,
@@ -160,8 +202,7 @@ impl<A: AttentionBlock> Blocks for Llama<A> {
             if obs.enabled() {
                 obs.observe(&format!("ffn_norm-{l}"), &[n, d], h);
             }
-            w.ffn
-                .forward_with(ops, &mut s.gate, &mut s.up, l, h, obs, y);
+            w.ffn.forward(ctx, &mut s.ffn, l, h, obs, y);
             if obs.enabled() {
                 obs.observe(&format!("ffn_out-{l}"), &[n, d], y);
             }
@@ -186,10 +227,12 @@ impl<A: AttentionBlock> Blocks for Llama<A> {
 /// and ours does not (a fused QKV matrix, biases of the feed-forward network), or one nothing
 /// uses. Running without it would compute another model.
 pub fn check_all_used<B: AsRef<[u8]>>(file: &GgufFile<B>, cfg: &Config) -> Result<(), LoadError> {
-    check_used(file, cfg, &[])
+    check_used(file, cfg, FeedForward::layer_tensors())
 }
 
-/// [`check_all_used`] for blocks that also read `more` of each layer's tensors.
+/// Refuse a file with a tensor that is neither the model's frame, nor one of each layer's norms,
+/// attention projections and their biases, nor one of `more` (names after `blk.N.`: the
+/// feed-forward network's, and any other the blocks read).
 pub fn check_used<B: AsRef<[u8]>>(
     file: &GgufFile<B>,
     cfg: &Config,
@@ -201,7 +244,7 @@ pub fn check_used<B: AsRef<[u8]>>(
         "output.weight",
         "rope_freqs.weight",
     ];
-    const LAYER: [&str; 13] = [
+    const LAYER: [&str; 10] = [
         "attn_norm.weight",
         "attn_q.weight",
         "attn_k.weight",
@@ -212,9 +255,6 @@ pub fn check_used<B: AsRef<[u8]>>(
         "attn_v.bias",
         "attn_output.bias",
         "ffn_norm.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
     ];
     let used = |name: &str| {
         GLOBAL.contains(&name)

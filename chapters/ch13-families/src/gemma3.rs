@@ -318,7 +318,7 @@ impl Blocks for Gemma3 {
             ops.rms_norm(&s.x, &w.ffn_norm, eps, &mut s.h);
             seen(obs, "ffn_norm", l, &[n, d], &s.h);
             w.ffn
-                .forward_with(ops, &mut s.gate, &mut s.up, l, &s.h, obs, &mut s.y);
+                .forward_with(ops, &mut s.ffn.gate, &mut s.ffn.up, l, &s.h, obs, &mut s.y);
             seen(obs, "ffn_out", l, &[n, d], &s.y);
             ops.rms_norm(&s.y, &w.post_ffn_norm, eps, &mut s.h);
             seen(obs, "ffn_post_norm", l, &[n, d], &s.h);

@@ -53,20 +53,27 @@ pub fn load(
     let mut config =
         Config::from_gguf(&file.gguf, &[ARCH]).map_err(|e| LoadError::Other(e.to_string()))?;
     config.rope_style = RopeStyle::Neox;
-    let hd = config.head_dim;
-    let norm = |l: usize, t: &str| load_vector(file, &format!("blk.{l}.{t}.weight"), hd);
-    let layers = (0..config.n_layer)
-        .map(|l| {
-            Ok(QkNorm {
-                q: norm(l, "attn_q_norm")?,
-                k: norm(l, "attn_k_norm")?,
-            })
-        })
-        .collect::<Result<Vec<_>, LoadError>>()?;
-    let blocks = Llama::load_with(file, loader, &config, QkNormed { layers })?;
+    let blocks = Llama::load_with(file, loader, &config, QkNormed::load(file, &config)?)?;
     Ok((config, Box::new(blocks)))
 }
 // ANCHOR_END: load
+
+impl QkNormed {
+    /// Every layer's `attn_q_norm` and `attn_k_norm`.
+    pub fn load<B: AsRef<[u8]>>(file: &GgufFile<B>, config: &Config) -> Result<Self, LoadError> {
+        let hd = config.head_dim;
+        let norm = |l: usize, t: &str| load_vector(file, &format!("blk.{l}.{t}.weight"), hd);
+        let layers = (0..config.n_layer)
+            .map(|l| {
+                Ok(QkNorm {
+                    q: norm(l, "attn_q_norm")?,
+                    k: norm(l, "attn_k_norm")?,
+                })
+            })
+            .collect::<Result<Vec<_>, LoadError>>()?;
+        Ok(QkNormed { layers })
+    }
+}
 
 /// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`),
 /// through `spare` (at least as long as `x`): the norm cannot write over its own input.
