@@ -283,53 +283,43 @@ def only_checkpoints(sdist: Path, model: Path, gemma3_path: Path, cache: Path, o
     return 0
 
 
-def only_large(sdist: Path, cache: Path, out: Path) -> int:
-    """`--only large`: redo step 12 alone, replace reference-data/large/ and update the
-    manifest's `files` and `large` entries in place. Refused unless the manifest was made from
-    the same sdist and with the same quantized-variant settings."""
+def only_section(name: str, step: str, sdist: Path, out: Path, export) -> int:
+    """`--only NAME`: redo one step alone, replace reference-data/NAME/ and update the
+    manifest's `files` and `NAME` entries in place. Refused unless the manifest was made from
+    the same sdist and with the same quantized-variant settings. `export(stage, settings)`
+    writes the step's files under `stage/NAME/` and returns its manifest section."""
     manifest_path, manifest = recorded_manifest(out, sdist)
     settings = recorded_settings(manifest_path, manifest)
-    if "large" not in manifest:
-        raise SystemExit(f"{manifest_path}: no `large` section; run the whole export")
+    if name not in manifest:
+        raise SystemExit(f"{manifest_path}: no `{name}` section; run the whole export")
     E.init()
-    with tempfile.TemporaryDirectory(prefix="export-reference-large-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"export-reference-{name}-") as tmp:
         stage = Path(tmp)
-        section = large.export_large(out.resolve().parent, cache, stage, settings)
+        section = export(stage, settings)
         # Read again: the export takes minutes, and only this step's entries are replaced.
         manifest = json.loads(manifest_path.read_bytes())
-        files = {k: v for k, v in manifest["files"].items() if not k.startswith("large/")}
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith(f"{name}/")}
         files.update(file_entries(stage))
         manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
-        manifest["large"] = {"how": manifest["large"]["how"], **section}
-        shutil.rmtree(out / "large", ignore_errors=True)
-        shutil.move(str(stage / "large"), str(out / "large"))
+        manifest[name] = {"how": manifest[name]["how"], **section}
+        shutil.rmtree(out / name, ignore_errors=True)
+        shutil.move(str(stage / name), str(out / name))
     write_json(manifest_path, manifest)
-    log(f"replaced {out / 'large'} and its manifest entries")
+    log(f"replaced {out / name} ({step}) and its manifest entries")
     return 0
+
+
+def only_large(sdist: Path, cache: Path, out: Path) -> int:
+    """`--only large`: step 12 alone (the generated large models)."""
+    return only_section("large", "step 12", sdist, out, lambda stage, settings:
+                        large.export_large(out.resolve().parent, cache, stage, settings))
 
 
 def only_variants(sdist: Path, cache: Path, out: Path) -> int:
-    """`--only variants`: redo step 11 alone, replace reference-data/variants/ and update the
-    manifest's `files` and `variants` entries in place. Refused unless the manifest was made
-    from the same sdist, with the same settings (the variants run with the F32 ones, which
-    are the quantized variants' too)."""
-    manifest_path, manifest = recorded_manifest(out, sdist)
-    settings = recorded_settings(manifest_path, manifest)
-    if "variants" not in manifest:
-        raise SystemExit(f"{manifest_path}: no `variants` section; run the whole export")
-    E.init()
-    with tempfile.TemporaryDirectory(prefix="export-reference-variants-") as tmp:
-        stage = Path(tmp)
-        section = variants.export_variants(out / "tokenizer", cache, stage, settings)
-        files = {k: v for k, v in manifest["files"].items() if not k.startswith("variants/")}
-        files.update(file_entries(stage))
-        manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
-        manifest["variants"] = {"how": manifest["variants"]["how"], **section}
-        shutil.rmtree(out / "variants", ignore_errors=True)
-        shutil.move(str(stage / "variants"), str(out / "variants"))
-    write_json(manifest_path, manifest)
-    log(f"replaced {out / 'variants'} and its manifest entries")
-    return 0
+    """`--only variants`: step 11 alone (the synthetic variants, which run with the F32
+    settings, the quantized variants' too)."""
+    return only_section("variants", "step 11", sdist, out, lambda stage, settings:
+                        variants.export_variants(out / "tokenizer", cache, stage, settings))
 
 
 def main() -> int:

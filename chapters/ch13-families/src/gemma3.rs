@@ -249,12 +249,22 @@ pub fn load(
 // ANCHOR_END: load_blocks
 
 // ANCHOR: norm_heads
-/// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`), using
-/// `spare` as the output and swapping it in: no buffer is allocated once both have grown.
-fn norm_heads(ops: &dyn Compute, x: &mut Vec<f32>, weight: &[f32], eps: f32, spare: &mut Vec<f32>) {
-    spare.resize(x.len(), 0.0);
-    ops.rms_norm(x, weight, eps, spare);
-    std::mem::swap(x, spare);
+/// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`), through
+/// `spare` (the norm cannot write over its own input), grown if it is shorter than `x`: no
+/// buffer is allocated once it has grown. Qwen3 normalises its heads with it too.
+pub(crate) fn norm_heads(
+    ops: &dyn Compute,
+    x: &mut [f32],
+    weight: &[f32],
+    eps: f32,
+    spare: &mut Vec<f32>,
+) {
+    if spare.len() < x.len() {
+        spare.resize(x.len(), 0.0);
+    }
+    let out = &mut spare[..x.len()];
+    ops.rms_norm(x, weight, eps, out);
+    x.copy_from_slice(out);
 }
 // ANCHOR_END: norm_heads
 

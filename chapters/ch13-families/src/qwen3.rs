@@ -13,12 +13,13 @@
 //! chapter 3's projections. Queries may be wider than the residual stream (Qwen3 0.6B: 16 heads
 //! of 128 over a stream of 1024), which the projections' shapes already allow.
 
+use crate::gemma3::norm_heads;
 use ch01::config::RopeStyle;
 use ch01::{Config, GgufFile};
 use ch03::matrix::{LoadError, MatrixLoader, load_vector};
 use ch03::{AttentionWeights, AttnScratch, KvDyn, Observer, TokenPos};
 use ch04::llama::{AttentionBlock, Llama};
-use ch04::{Architecture, Blocks, Compute, Ctx};
+use ch04::{Architecture, Blocks, Ctx};
 
 /// `general.architecture` of Qwen3 files.
 pub const ARCH: &str = "qwen3";
@@ -73,14 +74,6 @@ impl QkNormed {
             .collect::<Result<Vec<_>, LoadError>>()?;
         Ok(QkNormed { layers })
     }
-}
-
-/// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`),
-/// through `spare` (at least as long as `x`): the norm cannot write over its own input.
-fn norm_heads(ops: &dyn Compute, x: &mut [f32], weight: &[f32], eps: f32, spare: &mut [f32]) {
-    let spare = &mut spare[..x.len()];
-    ops.rms_norm(x, weight, eps, spare);
-    x.copy_from_slice(spare);
 }
 
 // ANCHOR: attention
