@@ -24,8 +24,9 @@ STUB_WIDTH = 100
 
 INCLUDE = re.compile(r"\{\{#(include|rustdoc_include)\s+([^}\s]+)\s*\}\}")
 # A number of the prose taken from a generated table: `{{#cell generated/FILE.md row=R col=C}}`
-# is the cell of column C (its header) in the row whose first cell is R (scripts/book-listings
-# puts it in; quote a value with spaces: col="tok/s wall").
+# is the cell of column C (its header) in the row whose first cell is R, or whose first cells
+# are R's parts joined by " / " (scripts/book-listings puts it in; quote a value with spaces:
+# col="tok/s wall").
 CELL = re.compile(r"\{\{#cell\s+([^}]+)\}\}")
 MARKER = re.compile(r"ANCHOR(_END)?:\s*\w+")
 
@@ -155,7 +156,9 @@ def _cells(text):
 
 def cell(base, spec):
     """The text of `{{#cell spec}}` on a page whose directory is `base` (see CELL), or an
-    error message (a str starting with "error: ") naming what is missing."""
+    error message (a str starting with "error: ") naming what is missing. `row=` names the
+    row by its first cell, or by its first cells joined with " / " where the first repeats
+    (`row="Q4_0 (17.30 GB) / ours"`)."""
     import shlex
     words = shlex.split(spec)
     if not words:
@@ -165,7 +168,7 @@ def cell(base, spec):
         return f"error: {{{{#cell {spec}}}}}: give a file, row=… and col=…"
     if not path.is_file():
         return f"error: {{{{#cell {spec}}}}}: no file {words[0]}"
-    header = None
+    header, keys = None, opts["row"].split(" / ")
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.lstrip().startswith("|"):
             header = None
@@ -173,7 +176,7 @@ def cell(base, spec):
         row = _cells(line)
         if header is None:
             header = row
-        elif row[0] == opts["row"] and opts["col"] in header:
+        elif row[:len(keys)] == keys and opts["col"] in header:
             k = header.index(opts["col"])
             if k < len(row):
                 return row[k]

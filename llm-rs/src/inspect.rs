@@ -1,5 +1,6 @@
 //! `llm-rs inspect`: what a GGUF file (or the GGUF image of a Hugging Face directory) holds —
-//! chapter 1's summary, the configuration — and whether this engine runs its architecture.
+//! chapter 1's summary, the configuration, chapter 18's experts if it has them — and whether
+//! this engine runs its architecture.
 
 use ch01::{Config, GgufFile};
 use ch04::Architectures;
@@ -32,6 +33,10 @@ pub fn inspect(path: Option<PathBuf>, archs: &Architectures) -> Result<(), Box<d
     match Config::from_gguf(file, &[arch]) {
         Ok(c) => print!("{c}"),
         Err(e) => println!("  (none: {e})"),
+    }
+    if let Some(report) = ch18::report::ExpertReport::of(file, arch) {
+        println!("\nmixture of experts:");
+        print!("{report}");
     }
     let names = archs.names().join(", ");
     match archs.get(arch) {

@@ -1,5 +1,5 @@
 //! `llm-rs`: the finished engine, put together from the chapters' parts in one place. One
-//! binary runs every architecture the chapters know ([`ch13::architectures`]), from a GGUF file
+//! binary runs every architecture the chapters know ([`ch18::architectures`]), from a GGUF file
 //! or a Hugging Face directory (chapter 17's; `--quantize TYPE` stores a directory's matrices as
 //! a chapter 6 file type). One module per subcommand, each read from top to bottom:
 //!
@@ -106,7 +106,7 @@ fn or_exit(result: Result<(), Box<dyn std::error::Error>>) {
 
 fn main() {
     // Every architecture the chapters know: chapter 13's set.
-    let archs = ch13::architectures();
+    let archs = ch18::architectures();
     match Cli::parse().command {
         Command::Run(flags) => run::run("run", flags, archs),
         Command::Chat(mut flags) => {

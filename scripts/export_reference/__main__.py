@@ -73,7 +73,7 @@ def describe(rel: str) -> str:
         return f"chapter 17's checkpoint {m[1]}, converted and run by llama.cpp: the prompt's " \
             "ids, the last position's logits, the top-k logits of every position"
     if rel == "large/models.json":
-        return "chapter 14's generated large models (two layers, full width): recipe, file " \
+        return "chapters 14 and 18's generated large models (a few layers, full width): recipe, file " \
             "sha256, prompt and llama.cpp's greedy continuations (f32, f16 and q8_0 KV caches)"
     if m := re.fullmatch(r"large/([\w-]+)\.safetensors", rel):
         return f"generated model {m[1]}: prompt ids, llama.cpp's logits after the prompt, " \
@@ -334,7 +334,7 @@ def main() -> int:
         choices=["grammar", "checkpoints", "large", "variants"],
         help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
         "constrained runs of --model), step 15 (chapter 17's converted checkpoints), step 12 "
-        "(chapter 14's generated large models), or step 11 (chapter 13's synthetic variants), "
+        "(chapters 14 and 18's generated large models), or step 11 (chapters 13 and 18's synthetic variants), "
         "and update the manifest in place",
     )
     args = ap.parse_args()
@@ -399,7 +399,7 @@ def main() -> int:
     g3["settings"] = g3_settings.describe()
     log("step 11: synthetic llama-family variants")
     va = variants.export_variants(stage / "tokenizer", args.cache, stage, f32_settings)
-    log("step 12: chapter 14's generated large models")
+    log("step 12: chapters 14 and 18's generated large models")
     la = large.export_large(args.out.resolve().parent, args.cache, stage, quant_settings)
     gr = grammar_steps(args.sdist, args.model, stage, quant_settings)
     log("step 15: chapter 17's converted checkpoints")

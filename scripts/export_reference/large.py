@@ -1,4 +1,4 @@
-"""Step 12: chapter 14's generated large models, cut to two layers at full width.
+"""Step 12: chapters 14 and 18's generated large models, cut to a few layers at full width.
 
 Chapter 14 writes 7-9B-shaped models from a recipe (`chapters/ch14-scaling/src/large.rs`): a real
 shape and vocabulary, seeded weights at trained scale, llama.cpp's quantization mix. The files are
@@ -22,12 +22,16 @@ from . import engine as E
 from . import prompts as P
 from .common import log, sha256_file, write_json, write_safetensors
 
-# (shape, file type, layers): the recipes the tests build.
+# (shape, file type, layers): the recipes the tests build. Qwen3-30B-A3B, chapter 18's, is cut
+# to one layer: its 128 experts of a layer are 340 MB in Q4_0.
 MODELS = [
     ("llama3-8b", "Q4_0", 2),
     ("llama3-8b", "Q4_K_M", 2),
     ("qwen2-7b", "Q4_0", 2),
+    ("qwen3-30b-a3b", "Q4_0", 1),
 ]
+# The example that makes a shape: chapter 18's for its mixtures of experts, chapter 14's else.
+MAKERS = {"qwen3-30b-a3b": ("ch18", "make-moe")}
 N_GENERATE = 16
 
 # The KV cache types the tests check besides f32 (the settings' own): llama.cpp's default f16,
@@ -85,10 +89,12 @@ def continuation(step_logits: np.ndarray, prefix: str) -> dict[str, np.ndarray]:
 
 
 def make_model(root: Path, shape: str, ftype: str, layers: int, dst: Path) -> None:
-    """Write the recipe's file with the project's own generator (a release build of ch14)."""
+    """Write the recipe's file with the project's own generator (a release build of ch14's
+    make-model, or of the example MAKERS names)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    package, example = MAKERS.get(shape, ("ch14", "make-model"))
     subprocess.run(
-        ["cargo", "run", "--release", "--quiet", "-p", "ch14", "--example", "make-model", "--",
+        ["cargo", "run", "--release", "--quiet", "-p", package, "--example", example, "--",
          shape, ftype, "--layers", str(layers), "--out", str(dst)],
         cwd=root, check=True, stdout=subprocess.DEVNULL,
     )

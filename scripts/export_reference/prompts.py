@@ -97,7 +97,10 @@ def _numpy_layout(name: str, c: E.Captured, n_tokens: int) -> np.ndarray:
         raise RuntimeError(f"{name}: unexpected ne {c.ne}")
     a = a[0]
     if base in ("Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed"):
-        # ne = (head_dim, n_head, n_tokens) -> (n_tokens, n_head, head_dim)
+        # ne = (head_dim, n_head, n_tokens) -> (n_tokens, n_head, head_dim); a family that
+        # normalises before splitting heads (OLMoE) records (width, n_tokens) -> (n_tokens, width).
+        if c.ne[2] == 1 and c.ne[1] == n_tokens:
+            return a[0]
         if c.ne[2] != n_tokens:
             raise RuntimeError(f"{name}: ne {c.ne}, expected {n_tokens} tokens in ne[2]")
         return a
@@ -115,6 +118,9 @@ def _numpy_layout(name: str, c: E.Captured, n_tokens: int) -> np.ndarray:
                 f"{name}: not causal in cell order: the KV cells are not positions 0..n-1"
             )
         return np.ascontiguousarray(a)
+    if base == "ffn_moe_weights" and c.ne[0] == 1 and c.ne[2] == n_tokens:
+        # ne = (1, n_expert_used, n_tokens), rows of the probabilities -> (n_tokens, n_used)
+        return np.ascontiguousarray(a[:, :, 0])
     # ne = (width, n_tokens) -> (n_tokens, width)
     if c.ne[2] != 1 or c.ne[1] != n_tokens:
         raise RuntimeError(f"{name}: ne {c.ne}, expected (width, {n_tokens})")

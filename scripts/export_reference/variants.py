@@ -1,6 +1,6 @@
-"""Step 11: synthetic variants of the llama family, for chapter 13's checks against llama.cpp:
-Llama 3's RoPE frequency factors, YaRN scaling, Qwen2's Q/K/V biases, Qwen3's norms on the
-queries and keys, and Qwen3-MoE's mixture of experts.
+"""Step 11: synthetic variants of the llama family, for chapter 13's and 18's checks against
+llama.cpp: Llama 3's RoPE frequency factors, YaRN scaling, Qwen2's Q/K/V biases, Qwen3's norms
+on the queries and keys, and the mixtures of experts of Qwen3-MoE and OLMoE.
 
 No small real model of these is on the package registries the project can reach, so each is
 synthetic: the shapes and metadata of the real family (scaled down: two layers, a 128-wide
@@ -82,6 +82,7 @@ class Variant:
     tied: bool = True
     rope_freqs: list[float] | None = None
     qk_norm: bool = False  # attn_q_norm, attn_k_norm: (head_dim) weights, Qwen3's
+    qk_norm_full: bool = False  # the norms across the whole width instead (OLMoE's)
     tensors_dropped: tuple[str, ...] = ()
     tensors_added: dict = field(default_factory=dict)  # more layer tensors: name -> op
     # A mixture of experts in place of the SwiGLU network (Qwen3-MoE's): (n_expert,
@@ -200,6 +201,38 @@ VARIANTS = [
             "ffn_moe_out": "ADD",
         },
     ),
+    Variant(
+        id="olmoe",
+        arch="olmoe",
+        vocab="gpt-neox",
+        what="OLMoE: query and key RMS norms across the whole width, NeoX RoPE, and a mixture of "
+        "8 SwiGLU experts 64 wide (feed_forward_length), 2 used per token (softmax router, top 2, "
+        "the probabilities as weights, not renormalised), GPT-NeoX's vocabulary",
+        n_head=2,
+        n_head_kv=2,
+        n_ff=64,
+        context_length=4096,
+        # llama.cpp's OLMoE requires an output matrix of its own.
+        tied=False,
+        qk_norm=True,
+        qk_norm_full=True,
+        extra={
+            "expert_count": ("u32", 8),
+            "expert_used_count": ("u32", 2),
+        },
+        moe=(8, 2, 64),
+        # As Qwen3-MoE's, but the chosen weights are not renormalised: the graph names them
+        # ffn_moe_weights (rows of the probabilities).
+        tensors_dropped=("attn_out", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out"),
+        tensors_added={
+            "Qcur_normed": "MUL",
+            "Kcur_normed": "MUL",
+            "ffn_moe_logits": "MUL_MAT",
+            "ffn_moe_probs": "SOFT_MAX",
+            "ffn_moe_weights": "GET_ROWS",
+            "ffn_moe_out": "ADD",
+        },
+    ),
 ]
 
 
@@ -252,8 +285,9 @@ def recipe(v: Variant, vocab_size: int) -> dict:
             vec(f"{b}.attn_k.bias", kv, 0.5, 0.0)
             vec(f"{b}.attn_v.bias", kv, 0.5, 0.0)
         if v.qk_norm:
-            vec(f"{b}.attn_q_norm.weight", v.head_dim, 0.5, 1.0)
-            vec(f"{b}.attn_k_norm.weight", v.head_dim, 0.5, 1.0)
+            qn, kn = (q, kv) if v.qk_norm_full else (v.head_dim, v.head_dim)
+            vec(f"{b}.attn_q_norm.weight", qn, 0.5, 1.0)
+            vec(f"{b}.attn_k_norm.weight", kn, 0.5, 1.0)
         mat(f"{b}.attn_output.weight", q, d)
         vec(f"{b}.ffn_norm.weight", d, 0.25, 1.0)
         if v.moe is not None:

@@ -249,9 +249,10 @@ pub fn load(
 // ANCHOR_END: load_blocks
 
 // ANCHOR: norm_heads
-/// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`), through
-/// `spare` (the norm cannot write over its own input), grown if it is shorter than `x`: no
-/// buffer is allocated once it has grown. Qwen3 normalises its heads with it too.
+/// RMS-normalise every head of `x` (`(n, heads, head_dim)`) by `weight` (`(head_dim)`) — every
+/// run of `weight.len()` values: a wider weight norms several heads at once — through `spare`
+/// (the norm cannot write over its own input), grown if it is shorter than `x`: no buffer is
+/// allocated once it has grown. Qwen3 normalises its heads with it too.
 pub(crate) fn norm_heads(
     ops: &dyn Compute,
     x: &mut [f32],

@@ -1,5 +1,4 @@
-//! Chapter 13: model families — Gemma 3, Qwen2, Qwen3 and Qwen3-MoE beside llama, and llama's
-//! own variants.
+//! Chapter 13: model families — Gemma 3, Qwen2 and Qwen3 beside llama, and llama's own variants.
 //!
 //! Every chapter so far ran one architecture, llama. This chapter adds Gemma 3, Qwen2 and Qwen3
 //! through the value chapter 4 passes to its loader ([`Architectures`]): an architecture brings
@@ -16,33 +15,28 @@
 //! - [`qwen3`]: Qwen3 (dense), llama's blocks with an attention of its own: a per-head RMSNorm
 //!   of the queries and keys before RoPE, given to the blocks through chapter 4's
 //!   [`AttentionBlock`](ch04::llama::AttentionBlock).
-//! - [`qwen3moe`]: Qwen3-MoE, Qwen3's blocks with a mixture of experts (a router choosing a few
-//!   SwiGLU networks per token) as each layer's feed-forward network, given to the blocks
-//!   through chapter 4's [`FfnBlock`](ch04::llama::FfnBlock).
 //! - Llama-family variants need no family at all: Llama 3's RoPE frequency factors and YaRN
 //!   scaling are chapter 3's [`RopeScale`](ch03::RopeScale), read from the file.
 //! - [`synthetic`]: models built from a recipe (real metadata and vocabulary, seeded weights),
 //!   for checking those variants against llama.cpp without a real model of each.
-//! - [`architectures()`]: chapter 12's set (llama) with Gemma 3, Qwen2, Qwen3 and Qwen3-MoE
-//!   added.
+//! - [`architectures()`]: chapter 12's set (llama) with Gemma 3, Qwen2 and Qwen3 added.
 //!
 //! The finished engine, the workspace's `llm-rs` binary (`run`, `chat`, `serve`, `inspect`), is
-//! chapter 10's engine and chapter 12's server given this chapter's set.
+//! chapter 10's engine and chapter 12's server given a set built on this chapter's.
 
 use ch04::Architectures;
 pub mod gemma3;
 pub mod qwen2;
 pub mod qwen3;
-pub mod qwen3moe;
 pub mod synthetic;
 
 // ANCHOR: architectures
-/// Every architecture the tower knows: the earlier chapters' (llama) with this chapter's.
+/// Every architecture the chapters up to this one know: the earlier chapters' (llama) with
+/// this chapter's.
 pub fn architectures() -> Architectures {
     ch04::architectures()
         .with(gemma3::ARCHITECTURE)
         .with(qwen2::ARCHITECTURE)
         .with(qwen3::ARCHITECTURE)
-        .with(qwen3moe::ARCHITECTURE)
 }
 // ANCHOR_END: architectures

@@ -34,8 +34,8 @@ pub const ARCHITECTURE: Architecture = Architecture {
 
 /// The norms of one layer's queries and keys, each applied to every head.
 pub struct QkNorm {
-    pub q: Vec<f32>, // (head_dim)
-    pub k: Vec<f32>, // (head_dim)
+    pub q: Vec<f32>, // (head_dim), or the width QkNormed::load_widths was given
+    pub k: Vec<f32>, // (head_dim), likewise
 }
 
 /// Qwen3's attention: chapter 3's steps, with the per-head norms between projecting and
@@ -60,15 +60,28 @@ pub fn load(
 // ANCHOR_END: load
 
 impl QkNormed {
-    /// Every layer's `attn_q_norm` and `attn_k_norm`.
+    /// Every layer's `attn_q_norm` and `attn_k_norm`, one head wide: each head normalised on
+    /// its own.
     pub fn load<B: AsRef<[u8]>>(file: &GgufFile<B>, config: &Config) -> Result<Self, LoadError> {
         let hd = config.head_dim;
-        let norm = |l: usize, t: &str| load_vector(file, &format!("blk.{l}.{t}.weight"), hd);
+        QkNormed::load_widths(file, config, hd, hd)
+    }
+
+    /// The same norms `q_width` and `k_width` wide. A norm normalises each run of its width
+    /// on its own: a head's width norms each head, the queries' whole width each token's
+    /// queries at once.
+    pub fn load_widths<B: AsRef<[u8]>>(
+        file: &GgufFile<B>,
+        config: &Config,
+        q_width: usize,
+        k_width: usize,
+    ) -> Result<Self, LoadError> {
+        let norm = |l: usize, t: &str, n| load_vector(file, &format!("blk.{l}.{t}.weight"), n);
         let layers = (0..config.n_layer)
             .map(|l| {
                 Ok(QkNorm {
-                    q: norm(l, "attn_q_norm")?,
-                    k: norm(l, "attn_k_norm")?,
+                    q: norm(l, "attn_q_norm", q_width)?,
+                    k: norm(l, "attn_k_norm", k_width)?,
                 })
             })
             .collect::<Result<Vec<_>, LoadError>>()?;

@@ -33,9 +33,12 @@ use ch13::synthetic::generated;
 use rayon::prelude::*;
 use std::path::Path;
 
+/// A tensor of every layer: its name in the layer (`ffn_up.weight`) and its `ne`.
+pub type LayerTensor = (&'static str, Vec<u64>);
+
 // ANCHOR: shape
 /// The shape of a real checkpoint, and what its family's GGUF metadata says.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Shape {
     /// What the recipe is called on the command line and in file names.
     pub id: &'static str,
@@ -48,12 +51,23 @@ pub struct Shape {
     pub n_embd: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// Each head's width: `n_embd / n_head` for most, wider in Qwen3 (queries of 4096 on a
+    /// 2048-wide stream in Qwen3-30B-A3B).
+    pub head_dim: usize,
     pub n_ff: usize,
     pub n_ctx_train: u32,
     pub rope_base: f32,
     pub rms_eps: f32,
     /// Biases on the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
+    /// Per-head RMS norms of the queries and keys (Qwen3).
+    pub qk_norm: bool,
+    /// Each layer's feed-forward tensors, `(name in the layer, ne)`: [`dense_ffn`], llama's
+    /// SwiGLU, for this chapter's shapes; another network brings its own.
+    pub ffn: fn(&Shape) -> Vec<LayerTensor>,
+    /// Metadata the family has beyond the keys every shape writes: [`no_keys`] for this
+    /// chapter's shapes.
+    pub keys: fn(&Shape) -> Vec<(String, Value)>,
 }
 
 /// Llama 3 8B: 32 layers, d 4096, 32 query and 8 key/value heads of 128, FFN 14336, the
@@ -66,12 +80,33 @@ pub const LLAMA3_8B: Shape = Shape {
     n_embd: 4096,
     n_head: 32,
     n_head_kv: 8,
+    head_dim: 128,
     n_ff: 14336,
     n_ctx_train: 8192,
     rope_base: 500_000.0,
     rms_eps: 1e-5,
     qkv_bias: false,
+    qk_norm: false,
+    ffn: dense_ffn,
+    keys: no_keys,
 };
+
+// ANCHOR_END: shape
+
+/// Llama's feed-forward tensors: gate and up `(n_ff, n_embd)`, down `(n_embd, n_ff)`.
+pub fn dense_ffn(s: &Shape) -> Vec<LayerTensor> {
+    let (d, ff) = (s.n_embd as u64, s.n_ff as u64);
+    vec![
+        ("ffn_gate.weight", vec![d, ff]),
+        ("ffn_up.weight", vec![d, ff]),
+        ("ffn_down.weight", vec![ff, d]),
+    ]
+}
+
+/// No keys beyond every shape's.
+pub fn no_keys(_: &Shape) -> Vec<(String, Value)> {
+    Vec::new()
+}
 
 /// Qwen2 7B: 28 layers, d 3584, 28 query and 4 key/value heads of 128, FFN 18944, biases on
 /// Q/K/V, the 151,936-token qwen2 vocabulary, RoPE base 1,000,000.
@@ -83,16 +118,40 @@ pub const QWEN2_7B: Shape = Shape {
     n_embd: 3584,
     n_head: 28,
     n_head_kv: 4,
+    head_dim: 128,
     n_ff: 18944,
     n_ctx_train: 32768,
     rope_base: 1_000_000.0,
     rms_eps: 1e-6,
     qkv_bias: true,
+    qk_norm: false,
+    ffn: dense_ffn,
+    keys: no_keys,
 };
-// ANCHOR_END: shape
+
+/// Qwen3 8B: 36 layers, d 4096, 32 query and 8 key/value heads of 128 with per-head norms of
+/// queries and keys, FFN 12288, no biases, the qwen2 vocabulary, RoPE base 1,000,000.
+pub const QWEN3_8B: Shape = Shape {
+    id: "qwen3-8b",
+    arch: "qwen3",
+    vocab: "qwen2",
+    n_layer: 36,
+    n_embd: 4096,
+    n_head: 32,
+    n_head_kv: 8,
+    head_dim: 128,
+    n_ff: 12288,
+    n_ctx_train: 40960,
+    rope_base: 1_000_000.0,
+    rms_eps: 1e-6,
+    qkv_bias: false,
+    qk_norm: true,
+    ffn: dense_ffn,
+    keys: no_keys,
+};
 
 /// Every shape this chapter can make.
-pub const SHAPES: [Shape; 2] = [LLAMA3_8B, QWEN2_7B];
+pub const SHAPES: [Shape; 3] = [LLAMA3_8B, QWEN2_7B, QWEN3_8B];
 
 /// The file types a recipe may be written in.
 pub const FTYPES: [LlamaFtype; 4] = [
@@ -276,7 +335,7 @@ fn erfc(x: f64) -> f64 {
 pub const RECIPE_VERSION: u32 = 1;
 
 /// A shape, cut to `layers` layers or whole, in a file type, from a seed.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Recipe {
     pub shape: Shape,
     pub ftype: LlamaFtype,
@@ -288,8 +347,8 @@ pub struct Recipe {
 /// Why a recipe could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum MakeError {
-    #[error("unknown model shape {0:?} (known: {known})", known = SHAPES.map(|s| s.id).join(", "))]
-    Shape(String),
+    #[error("unknown model shape {0:?} (known: {1})")]
+    Shape(String, String),
     #[error("file type {0} is not one this chapter writes (it writes {known})",
         known = FTYPES.map(|f| f.name()).join(", "))]
     Ftype(String),
@@ -308,10 +367,17 @@ pub enum MakeError {
 impl Recipe {
     /// The recipe named `id` (a [`Shape::id`]) in file type `ftype` (llama.cpp's name).
     pub fn named(id: &str, ftype: &str) -> Result<Recipe, MakeError> {
-        let shape = *SHAPES
-            .iter()
-            .find(|s| s.id == id)
-            .ok_or_else(|| MakeError::Shape(id.into()))?;
+        Recipe::named_in(&SHAPES, id, ftype)
+    }
+
+    /// The recipe named `id` among `shapes`, in file type `ftype`.
+    pub fn named_in(shapes: &[Shape], id: &str, ftype: &str) -> Result<Recipe, MakeError> {
+        let shape = *shapes.iter().find(|s| s.id == id).ok_or_else(|| {
+            MakeError::Shape(
+                id.into(),
+                shapes.iter().map(|s| s.id).collect::<Vec<_>>().join(", "),
+            )
+        })?;
         let ftype = LlamaFtype::from_name(ftype)?;
         if !FTYPES.contains(&ftype) {
             return Err(MakeError::Ftype(ftype.name().into()));
@@ -414,26 +480,33 @@ fn fill_rows(seed: u64, scale: Scale, cols: usize, rows: std::ops::Range<usize>,
 
 /// The tensors of the model, `(name, ne)`, in the order the file lists them.
 pub fn tensors(shape: &Shape, n_layer: usize, n_vocab: usize) -> Vec<(String, Vec<u64>)> {
-    let (d, ff) = (shape.n_embd as u64, shape.n_ff as u64);
-    let head = (shape.n_embd / shape.n_head) as u64;
+    let d = shape.n_embd as u64;
+    let (head, q) = (
+        shape.head_dim as u64,
+        (shape.head_dim * shape.n_head) as u64,
+    );
     let kv = head * shape.n_head_kv as u64;
     let mut t = vec![("token_embd.weight".to_string(), vec![d, n_vocab as u64])];
     for l in 0..n_layer {
         let mut add = |name: &str, ne: Vec<u64>| t.push((format!("blk.{l}.{name}"), ne));
         add("attn_norm.weight", vec![d]);
-        add("attn_q.weight", vec![d, d]);
+        add("attn_q.weight", vec![d, q]);
         add("attn_k.weight", vec![d, kv]);
         add("attn_v.weight", vec![d, kv]);
         if shape.qkv_bias {
-            add("attn_q.bias", vec![d]);
+            add("attn_q.bias", vec![q]);
             add("attn_k.bias", vec![kv]);
             add("attn_v.bias", vec![kv]);
         }
-        add("attn_output.weight", vec![d, d]);
+        if shape.qk_norm {
+            add("attn_q_norm.weight", vec![head]);
+            add("attn_k_norm.weight", vec![head]);
+        }
+        add("attn_output.weight", vec![q, d]);
         add("ffn_norm.weight", vec![d]);
-        add("ffn_gate.weight", vec![d, ff]);
-        add("ffn_up.weight", vec![d, ff]);
-        add("ffn_down.weight", vec![ff, d]);
+        for (name, ne) in (shape.ffn)(shape) {
+            add(name, ne);
+        }
     }
     t.push(("output_norm.weight".to_string(), vec![d]));
     t.push(("output.weight".to_string(), vec![d, n_vocab as u64]));
@@ -453,8 +526,8 @@ fn metadata(recipe: &Recipe, vocab: &Gguf) -> Result<GgufWriter, MakeError> {
     let mut w = GgufWriter::new();
     let a = s.arch;
     let u = |x: usize| Value::U32(x as u32);
-    let head = s.n_embd / s.n_head;
-    let kvs: Vec<(String, Value)> = vec![
+    let head = s.head_dim;
+    let mut kvs: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
         (
             "general.name".into(),
@@ -480,6 +553,7 @@ fn metadata(recipe: &Recipe, vocab: &Gguf) -> Result<GgufWriter, MakeError> {
         ),
         ("general.file_type".into(), Value::U32(recipe.ftype.id())),
     ];
+    kvs.extend((s.keys)(s));
     for (k, v) in kvs {
         w.set(&k, v)?;
     }
