@@ -25,8 +25,8 @@ STUB_WIDTH = 100
 INCLUDE = re.compile(r"\{\{#(include|rustdoc_include)\s+([^}\s]+)\s*\}\}")
 # A number of the prose taken from a generated table: `{{#cell generated/FILE.md row=R col=C}}`
 # is the cell of column C (its header) in the row whose first cell is R, or whose first cells
-# are R's parts joined by " / " (scripts/book-listings puts it in; quote a value with spaces:
-# col="tok/s wall").
+# are R's parts joined by " / ", in the file's N-th table if `table=N` is given
+# (scripts/book-listings puts it in; quote a value with spaces: col="tok/s wall").
 CELL = re.compile(r"\{\{#cell\s+([^}]+)\}\}")
 MARKER = re.compile(r"ANCHOR(_END)?:\s*\w+")
 
@@ -158,25 +158,27 @@ def cell(base, spec):
     """The text of `{{#cell spec}}` on a page whose directory is `base` (see CELL), or an
     error message (a str starting with "error: ") naming what is missing. `row=` names the
     row by its first cell, or by its first cells joined with " / " where the first repeats
-    (`row="Q4_0 (17.30 GB) / ours"`)."""
+    (`row="Q4_0 (17.30 GB) / ours"`); `table=N` looks in the file's N-th table only (from 1)."""
     import shlex
     words = shlex.split(spec)
     if not words:
         return "error: {{#cell}} names no file"
     path, opts = base / words[0], dict(w.split("=", 1) for w in words[1:] if "=" in w)
-    if set(opts) != {"row", "col"} or len(words) != 3:
-        return f"error: {{{{#cell {spec}}}}}: give a file, row=… and col=…"
+    if not {"row", "col"} <= set(opts) <= {"row", "col", "table"} or len(words) != len(opts) + 1:
+        return f"error: {{{{#cell {spec}}}}}: give a file, row=…, col=… and perhaps table=…"
     if not path.is_file():
         return f"error: {{{{#cell {spec}}}}}: no file {words[0]}"
-    header, keys = None, opts["row"].split(" / ")
+    want_table = int(opts["table"]) if opts.get("table", "").isdigit() else None
+    header, keys, table = None, opts["row"].split(" / "), 0
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.lstrip().startswith("|"):
             header = None
             continue
         row = _cells(line)
         if header is None:
-            header = row
-        elif row[:len(keys)] == keys and opts["col"] in header:
+            header, table = row, table + 1
+        elif (want_table in (None, table) and row[:len(keys)] == keys
+              and opts["col"] in header):
             k = header.index(opts["col"])
             if k < len(row):
                 return row[k]
