@@ -17,12 +17,14 @@
 //! [`router`]: crate::router
 
 use crate::router::{Weights, route};
+use ch01::config::RopeStyle;
 use ch01::{Config, GgufFile, TensorInfo};
 use ch03::matrix::{LoadError, Matrix, MatrixLoader, load_matrix};
 use ch03::{NoObserver, Observer};
 use ch04::layer::FeedForward;
-use ch04::llama::FfnBlock;
-use ch04::{Activation, Compute, Ctx, FfnScratch};
+use ch04::llama::{FfnBlock, Llama};
+use ch04::{Activation, Blocks, Compute, Ctx, FfnScratch};
+use ch13::qwen3::QkNormed;
 
 /// The experts' sizes, from the file's metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +207,44 @@ impl Moe {
         })
     }
 }
+
+// ANCHOR: family
+/// A mixture-of-experts family on llama's blocks, as Qwen3-MoE and OLMoE are: NeoX RoPE, RMS
+/// norms of the queries and keys before it, and a [`Moe`] as every layer's feed-forward
+/// network. What differs between them is these values.
+pub struct Family {
+    /// `general.architecture`, and the prefix of its keys.
+    pub arch: &'static str,
+    /// The widths of the query and key norms (chapter 13's [`QkNormed::load_widths`]).
+    pub norm_widths: fn(&Config) -> (usize, usize),
+    /// An expert's width where the file has no `{arch}.expert_feed_forward_length`, given the
+    /// configuration and the experts used per token.
+    pub fallback_ff: fn(&Config, usize) -> usize,
+    /// What the router does with the chosen experts' probabilities.
+    pub weights: Weights,
+}
+
+impl Family {
+    /// Read a file of this family and build its blocks.
+    pub fn load(
+        &self,
+        file: &GgufFile<&[u8]>,
+        loader: &dyn MatrixLoader,
+    ) -> Result<(Config, Box<dyn Blocks>), LoadError> {
+        let mut config = Config::from_gguf(&file.gguf, &[self.arch])
+            .map_err(|e| LoadError::Other(e.to_string()))?;
+        config.rope_style = RopeStyle::Neox;
+        let fallback = |n_used| (self.fallback_ff)(&config, n_used);
+        let shape = MoeShape::read(file, &config, self.arch, fallback)?;
+        let (q, k) = (self.norm_widths)(&config);
+        let attention = QkNormed::load_widths(file, &config, q, k)?;
+        let blocks = Llama::load_with_ffn(file, loader, &config, attention, |l| {
+            Moe::load(file, loader, &config, shape, self.weights, l)
+        })?;
+        Ok((config, Box::new(blocks)))
+    }
+}
+// ANCHOR_END: family
 
 // ANCHOR: group
 /// Groups a batch's choices by expert, a counting sort: `chosen` holds each token's `k`

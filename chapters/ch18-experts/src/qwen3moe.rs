@@ -2,17 +2,15 @@
 //!
 //! llama.cpp's `qwen3moe` graph (`src/models/qwen3moe.cpp`, through `build_moe_ffn` of
 //! `src/llama-graph.cpp`) keeps Qwen3's attention (per-head query and key norms before NeoX
-//! RoPE, chapter 13's [`QkNormed`]) and replaces each layer's feed-forward network by this
-//! chapter's [`Moe`]: the router's softmax, top-k and renormalised weights, no shared expert.
+//! RoPE, chapter 13's [`QkNormed`](ch13::qwen3::QkNormed)) and replaces each layer's
+//! feed-forward network by this chapter's [`Moe`](crate::moe::Moe): the router's softmax,
+//! top-k and renormalised weights, no shared expert.
 
-use crate::moe::{Moe, MoeShape};
+use crate::moe::Family;
 use crate::router::Weights;
-use ch01::config::RopeStyle;
 use ch01::{Config, GgufFile};
 use ch03::matrix::{LoadError, MatrixLoader};
-use ch04::llama::Llama;
 use ch04::{Architecture, Blocks};
-use ch13::qwen3::QkNormed;
 
 /// `general.architecture` of Qwen3-MoE files.
 pub const ARCH: &str = "qwen3moe";
@@ -26,21 +24,20 @@ pub const ARCHITECTURE: Architecture = Architecture {
 };
 
 // ANCHOR: load
-/// Read a Qwen3-MoE file's configuration and build its blocks: Qwen3's, with a [`Moe`] as each
-/// layer's feed-forward network.
+/// Qwen3-MoE's choices: Qwen3's norms, one head wide; without `expert_feed_forward_length`,
+/// the dense width shared among the experts used (llama.cpp's fallback); weights renormalised.
+pub const FAMILY: Family = Family {
+    arch: ARCH,
+    norm_widths: |c| (c.head_dim, c.head_dim),
+    fallback_ff: |c, n_used| c.n_ff / n_used,
+    weights: Weights::Normalised,
+};
+
+/// Read a Qwen3-MoE file's configuration and build its blocks.
 pub fn load(
     file: &GgufFile<&[u8]>,
     loader: &dyn MatrixLoader,
 ) -> Result<(Config, Box<dyn Blocks>), LoadError> {
-    let mut config =
-        Config::from_gguf(&file.gguf, &[ARCH]).map_err(|e| LoadError::Other(e.to_string()))?;
-    config.rope_style = RopeStyle::Neox;
-    // Without `expert_feed_forward_length`, llama.cpp splits the dense width among the used.
-    let shape = MoeShape::read(file, &config, ARCH, |n_used| config.n_ff / n_used)?;
-    let attention = QkNormed::load(file, &config)?;
-    let blocks = Llama::load_with_ffn(file, loader, &config, attention, |l| {
-        Moe::load(file, loader, &config, shape, Weights::Normalised, l)
-    })?;
-    Ok((config, Box::new(blocks)))
+    FAMILY.load(file, loader)
 }
 // ANCHOR_END: load
