@@ -200,6 +200,108 @@ fn int_bound() -> impl Strategy<Value = Option<i64>> {
     ]
 }
 
+/// A decimal `m / 10^k`, exactly: the bounds and values of the number-range property.
+#[derive(Debug, Clone, Copy)]
+struct Dec {
+    m: i64,
+    k: u32,
+}
+
+impl Dec {
+    /// Compared at a common scale, exactly.
+    fn cmp(self, o: Dec) -> std::cmp::Ordering {
+        let k = self.k.max(o.k);
+        let at = |d: Dec| d.m as i128 * 10i128.pow(k - d.k);
+        at(self).cmp(&at(o))
+    }
+
+    /// As JSON text, without an exponent (trailing zeros kept: `1.50`).
+    fn text(self) -> String {
+        let (sign, abs) = (if self.m < 0 { "-" } else { "" }, self.m.unsigned_abs());
+        let p = 10u64.pow(self.k);
+        match self.k {
+            0 => format!("{sign}{abs}"),
+            k => format!("{sign}{}.{:0k$}", abs / p, abs % p, k = k as usize),
+        }
+    }
+
+    fn value(self) -> f64 {
+        self.m as f64 / 10f64.powi(self.k as i32)
+    }
+}
+
+fn dec(span: i64, scales: u32) -> impl Strategy<Value = Dec> {
+    (-span..=span, 0..=scales).prop_map(|(m, k)| Dec { m, k })
+}
+
+/// A bound: none, or a decimal with up to 3 decimals within ±1000, inclusive or exclusive.
+fn num_bound() -> impl Strategy<Value = Option<(Dec, bool)>> {
+    prop_oneof![
+        1 => Just(None),
+        4 => (dec(1_000_000, 3), any::<bool>()).prop_map(Some),
+        2 => (dec(30, 1), any::<bool>()).prop_map(Some),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(600))]
+
+    /// A number's range (strict conversion) accepts exactly the decimals between its bounds,
+    /// at each bound's side inclusive or exclusive, and refuses a range with none in it.
+    #[test]
+    fn number_ranges_accept_exactly_their_numbers(
+        lo in num_bound(),
+        hi in num_bound(),
+        probes in prop::collection::vec(dec(2_000_000, 4), 8),
+        near in prop::collection::vec((-3i64..=3, 0u32..=2), 8),
+    ) {
+        let mut schema = json!({"type": "number"});
+        if let Some((d, excl)) = lo {
+            schema[if excl { "exclusiveMinimum" } else { "minimum" }] = json!(d.value());
+        }
+        if let Some((d, excl)) = hi {
+            schema[if excl { "exclusiveMaximum" } else { "maximum" }] = json!(d.value());
+        }
+        use std::cmp::Ordering::*;
+        let inside = |v: Dec| {
+            lo.is_none_or(|(b, excl)| matches!((v.cmp(b), excl), (Greater, _) | (Equal, false)))
+                && hi.is_none_or(|(b, excl)| matches!((v.cmp(b), excl), (Less, _) | (Equal, false)))
+        };
+        let empty = match (lo, hi) {
+            (Some((a, ea)), Some((b, eb))) => match a.cmp(b) {
+                Greater => true,
+                Equal => ea || eb,
+                Less => false,
+            },
+            _ => false,
+        };
+        let converted = schema::schema_to_grammar(&schema);
+        if empty {
+            prop_assert!(converted.is_err(), "{} converted", schema);
+            return Ok(());
+        }
+        let g = converted.unwrap_or_else(|e| panic!("{schema}: {e}"));
+        let g = Grammar::parse(&g, "root").unwrap_or_else(|e| panic!("{schema}: {e}\n{g}"));
+        // Values anywhere, at and around each bound (one ten-thousandth apart, written with
+        // up to two more trailing zeros).
+        let mut values = probes;
+        for (d, extra) in near {
+            for (b, _) in lo.iter().chain(hi.iter()) {
+                let k = b.k + 4;
+                let m = b.m * 10i64.pow(4) + d;
+                values.push(Dec { m: m * 10i64.pow(extra), k: k + extra });
+                values.push(Dec { m: b.m * 10i64.pow(extra), k: b.k + extra });
+            }
+        }
+        for v in values {
+            prop_assert_eq!(g.matches(v.text().as_bytes()), inside(v), "{} for {}", v.text(), schema);
+        }
+        prop_assert!(!g.matches(b"00") && !g.matches(b"-0.") && !g.matches(b".5"));
+        // A bounded number is written without an exponent.
+        prop_assert!(lo.is_none() && hi.is_none() || !g.matches(b"1e3"));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
 
@@ -295,12 +397,12 @@ fn strict_error(schema: &Value) -> SchemaError {
 
 #[test]
 fn a_keyword_the_grammar_would_not_enforce_is_named() {
-    let schema = json!({"properties": {"price": {"type": "number", "minimum": 0}}});
+    let schema = json!({"properties": {"price": {"type": "number", "multipleOf": 0.01}}});
     match strict_error(&schema) {
         SchemaError::Unsupported { path, keyword, .. } => {
             assert_eq!(
                 (path.as_str(), keyword.as_str()),
-                ("#/properties/price", "minimum")
+                ("#/properties/price", "multipleOf")
             );
         }
         e => panic!("{e:?}"),
@@ -310,10 +412,38 @@ fn a_keyword_the_grammar_would_not_enforce_is_named() {
     assert!(
         conv.warnings
             .iter()
-            .any(|w| w.contains("`minimum`") && w.contains("#/properties/price")),
+            .any(|w| w.contains("`multipleOf`") && w.contains("#/properties/price")),
         "{:?}",
         conv.warnings
     );
+}
+
+/// A number's bounds are enforced strictly (llama.cpp drops them, and so does the conversion
+/// like it, saying so): a confidence between 0 and 1 is what tools' schemas ask.
+#[test]
+fn a_numbers_bounds_are_enforced_strictly_and_only_reported_otherwise() {
+    let schema = json!({"type": "number", "minimum": 0, "maximum": 1});
+    let g = grammar_of(&schema);
+    for (text, ok) in [
+        ("0", true),
+        ("0.25", true),
+        ("1", true),
+        ("1.000", true),
+        ("1.5", false),
+        ("-0.1", false),
+        ("7", false),
+        ("0.9999999999999999", true),
+    ] {
+        assert_eq!(g.matches(text.as_bytes()), ok, "{text}");
+    }
+    let conv = schema::convert(&schema, Strictness::LikeLlamaCpp).expect("converts");
+    assert!(
+        conv.warnings.iter().any(|w| w.contains("`minimum`")),
+        "{:?}",
+        conv.warnings
+    );
+    let refused = strict_error(&json!({"type": "number", "exclusiveMinimum": 1, "maximum": 1}));
+    assert!(refused.to_string().contains("no number lies"), "{refused}");
 }
 
 #[test]

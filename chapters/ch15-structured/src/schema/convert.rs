@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
+use super::decimals::NumRange;
 use super::integers::IntRange;
 use super::primitives::{SPACE_RULE, is_reserved_name, primitive};
 use super::syntax::{build_repetition, format_literal, rule_name_of};
@@ -276,7 +277,20 @@ impl<'d, 'w> Converter<'d, 'w> {
                 out.push(')');
                 self.add_rule(&rule_name, &out)
             }
-            Kind::Number => self.visit_primitive(&rule_name, "number"),
+            Kind::Number {
+                min: None,
+                max: None,
+            } => self.visit_primitive(&rule_name, "number"),
+            Kind::Number { min, max } => {
+                let mut out = String::from("(");
+                NumRange {
+                    out: &mut out,
+                    path,
+                }
+                .build(*min, *max)?;
+                out.push(')');
+                self.add_rule(&rule_name, &out)
+            }
             Kind::Boolean => self.visit_primitive(&rule_name, "boolean"),
             Kind::Null => self.visit_primitive(&rule_name, "null"),
             Kind::Any => {

@@ -16,7 +16,8 @@
 //! dropped in [`Conversion::warnings`]. Keywords that only annotate (`title`, `description`,
 //! `examples`, …) are never a problem, nor is a keyword that cannot apply to the one type the
 //! grammar produces (`minLength` next to `"type": "integer"`). Strictly, two slips of
-//! llama.cpp's integer ranges are mended too (see `IntRange`), and a few schemas whose
+//! llama.cpp's integer ranges are mended too (see `IntRange`), a number's `minimum` and
+//! `maximum` are enforced as an integer's are (llama.cpp drops them: see `NumRange`), and a few schemas whose
 //! llama.cpp grammar would be unparsable or unsatisfiable (a minimum above the maximum,
 //! `{5,3}`) are errors in both modes.
 //!
@@ -32,10 +33,12 @@
 //! limits, the errors and what is strict; `json` reads the schema's text keeping key order;
 //! `keywords` says what each keyword constrains; `read` builds the schema tree (`tree`) from the
 //! document, with `refs` following `$ref`s; `convert` visits the tree and adds rules, with
-//! `objects` for objects and `allOf`, `integers` for integer ranges and `pattern` for
+//! `objects` for objects and `allOf`, `integers` for integer ranges, `decimals` for number
+//! ranges and `pattern` for
 //! regular expressions; `primitives` and `syntax` are the rules and the GBNF text they share.
 
 mod convert;
+mod decimals;
 mod integers;
 mod json;
 mod keywords;

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::decimals::NumBound;
 use super::json::{Json, get, has};
 use super::keywords::{KeywordClass, NOT_ENFORCED, Types, keyword_class};
 use super::refs::check_left_recursion;
@@ -233,7 +234,7 @@ impl<'j, 'w> Builder<'j, 'w> {
             }
             "array" => self.build_array(obj, path, depth),
             "integer" => self.build_integer(obj, path),
-            "number" => self.simple(obj, path, Kind::Number, Types::NUMBER.or(Types::INTEGER)),
+            "number" => self.build_number(obj, path),
             "boolean" => self.simple(obj, path, Kind::Boolean, Types::BOOLEAN),
             "null" => self.simple(obj, path, Kind::Null, Types::NULL),
             other => Err(invalid(path, format!("unrecognized type {other}"))),
@@ -531,6 +532,39 @@ impl<'j, 'w> Builder<'j, 'w> {
         self.add(kind, path, None)
     }
 
+    /// A number: strictly, its bounds are enforced (llama.cpp enforces an integer's only, and
+    /// converting like it a number's bounds are reported and left out).
+    fn build_number(&mut self, obj: &[(String, Json)], path: &str) -> Result<NodeId, SchemaError> {
+        let types = Types::NUMBER.or(Types::INTEGER);
+        if self.warnings.strictness != Strictness::Strict {
+            let unbounded = Kind::Number {
+                min: None,
+                max: None,
+            };
+            return self.simple(obj, path, unbounded, types);
+        }
+        let value = |key: &str| match get(obj, key) {
+            None => Ok(None),
+            Some(Json::Int(i)) => Ok(Some(*i as f64)),
+            Some(Json::UInt(u)) => Ok(Some(*u as f64)),
+            Some(Json::Float(f)) => Ok(Some(*f)),
+            Some(_) => Err(invalid(path, format!("{key} must be a number"))),
+        };
+        let bound = |key: &str, exclusive: bool| {
+            value(key).map(|v| v.map(|value| NumBound { value, exclusive }))
+        };
+        let mut min = None;
+        for b in [bound("minimum", false)?, bound("exclusiveMinimum", true)?] {
+            min = b.map(|b| NumBound::tighter_min(min, b)).or(min);
+        }
+        let mut max = None;
+        for b in [bound("maximum", false)?, bound("exclusiveMaximum", true)?] {
+            max = b.map(|b| NumBound::tighter_max(max, b)).or(max);
+        }
+        self.check_rest(obj, &RANGE_KEYWORDS, types, path)?;
+        self.add(Kind::Number { min, max }, path, None)
+    }
+
     fn build_integer(&mut self, obj: &[(String, Json)], path: &str) -> Result<NodeId, SchemaError> {
         let strict = self.warnings.strictness == Strictness::Strict;
         // llama.cpp reads `minimum` and only without it `exclusiveMinimum`; strictly, both
@@ -579,21 +613,19 @@ impl<'j, 'w> Builder<'j, 'w> {
                 format!("no integer lies between {min} and {max}"),
             ));
         }
-        self.check_rest(
-            obj,
-            &[
-                "type",
-                "minimum",
-                "maximum",
-                "exclusiveMinimum",
-                "exclusiveMaximum",
-            ],
-            Types::INTEGER,
-            path,
-        )?;
+        self.check_rest(obj, &RANGE_KEYWORDS, Types::INTEGER, path)?;
         self.add(Kind::Integer { min, max }, path, None)
     }
 }
+
+/// What a number's or an integer's node reads: its type and its range.
+const RANGE_KEYWORDS: [&str; 5] = [
+    "type",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+];
 
 /// A non-negative integer keyword (`minItems`, `maxLength`, …), or an error naming it.
 fn get_count(obj: &[(String, Json)], key: &str, path: &str) -> Result<Option<u64>, SchemaError> {

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::decimals::NumBound;
 use super::json::Json;
 use super::keywords::Types;
 use super::{MAX_SCHEMA_DEPTH, MAX_VISITS, SchemaError};
@@ -40,7 +41,11 @@ pub(super) enum Kind {
     Enum(Vec<Json>),
     Null,
     Boolean,
-    Number,
+    /// Bounds of a number (strict conversion only; like llama.cpp, none).
+    Number {
+        min: Option<NumBound>,
+        max: Option<NumBound>,
+    },
     /// Inclusive bounds; `i64::MIN` / `i64::MAX` for none.
     Integer {
         min: i64,
@@ -113,7 +118,7 @@ impl Document {
             Kind::Any => Types::ALL,
             Kind::Null => Types::NULL,
             Kind::Boolean => Types::BOOLEAN,
-            Kind::Number => Types::NUMBER.or(Types::INTEGER),
+            Kind::Number { .. } => Types::NUMBER.or(Types::INTEGER),
             Kind::Integer { .. } => Types::INTEGER,
             Kind::String { .. } => Types::STRING,
             Kind::Array { .. } | Kind::Tuple(_) => Types::ARRAY,
