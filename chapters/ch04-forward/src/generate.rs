@@ -255,7 +255,10 @@ impl<'t> Generator<'t> {
         debug_assert!(self.stop.is_none(), "sampling after generation ended");
         let next = match self.rule.as_deref_mut() {
             None => self.sampler.sample(logits, history),
-            Some(rule) => self.sampler.sample_ruled(logits, history, rule),
+            Some(rule) => {
+                rule.budget(self.max_tokens.saturating_sub(self.ids.len()));
+                self.sampler.sample_ruled(logits, history, rule)
+            }
         };
         self.ids.push(next);
         let mut text = String::new();

@@ -233,6 +233,10 @@ pub trait TokenRule: Send {
     fn mask(&mut self, logits: &mut [f32]);
     /// `token` was chosen: move past it.
     fn accept(&mut self, token: u32);
+    /// How many tokens generation may still produce, the next one included: told before each
+    /// token when generation has a limit ([`Generator`](crate::Generator) does), so that a
+    /// rule whose text must be whole can finish in time. Most rules have no use for it.
+    fn budget(&mut self, _tokens_left: usize) {}
 }
 
 /// Makes each generation's [`TokenRule`], fresh, from the tokenizer it will see tokens of:

@@ -17,6 +17,7 @@
 //! And [`Sampler::sample_ruled`](ch04::Sampler::sample_ruled) asks about the sampled token
 //! first, so most steps need no mask at all.
 
+use crate::budget::{MAX_BUDGET_TRIES, Shortest};
 use crate::gbnf::Grammar;
 use crate::matcher::{MatchError, Partial, Scratch, Stacks, feed};
 use ch02::Tokenizer;
@@ -276,6 +277,9 @@ pub struct Constraint {
     pub grammar: Arc<Grammar>,
     index: Arc<IndexCell>,
     cache: Arc<MaskCache>,
+    /// The fewest bytes that finish the grammar from each position, for answers that close
+    /// within their token budget (`None`: too large a grammar to measure).
+    shortest: Option<Arc<Shortest>>,
 }
 
 /// The tries of the vocabularies generations started with, kept for the next ones: each built
@@ -331,6 +335,7 @@ impl Constraint {
     /// A rule for `grammar` whose trie comes from `index`, shared with other rules.
     pub fn sharing(grammar: Grammar, index: Arc<IndexCell>) -> Constraint {
         Constraint {
+            shortest: Shortest::new(&grammar).map(Arc::new),
             grammar: Arc::new(grammar),
             index,
             cache: Arc::default(),
@@ -355,6 +360,8 @@ impl Constraint {
             partial: Partial::default(),
             scratch,
             eog_logits: Vec::new(),
+            shortest: self.shortest.clone(),
+            left: None,
         })
     }
 }
@@ -392,6 +399,9 @@ pub struct GrammarRule {
     pub partial: Partial,
     scratch: Scratch,
     eog_logits: Vec<(u32, f32)>, // the end tokens' logits, kept aside while masking
+    shortest: Option<Arc<Shortest>>,
+    /// The tokens generation may still produce, the next one included, when it has a limit.
+    left: Option<usize>,
 }
 
 impl GrammarRule {
@@ -399,6 +409,64 @@ impl GrammarRule {
     pub fn is_complete(&self) -> bool {
         self.stacks.accepts_here()
     }
+
+    // ANCHOR: fits
+    /// Whether the state `stacks`, `partial` after the next token can still finish in the
+    /// tokens left after it: its fewest bytes at most that many (one token can always write
+    /// one byte of the shortest finish). Always, without a budget.
+    fn fits(&self, stacks: &Stacks, partial: Partial) -> bool {
+        match (self.left, &self.shortest) {
+            (Some(left), Some(sh)) => (sh.of(stacks, partial) as usize) < left,
+            _ => true,
+        }
+    }
+
+    /// Near the end of the budget, after the grammar's mask: make sure the likeliest token
+    /// left fits. Try the likeliest few, masking those that do not fit; if none does, allow
+    /// only the tokens that begin the shortest finish (each fits: it writes that finish's
+    /// first bytes).
+    fn mask_budget(&mut self, logits: &mut [f32]) {
+        let (Some(left), Some(sh)) = (self.left, self.shortest.clone()) else {
+            return;
+        };
+        let need = sh.of(&self.stacks, self.partial) as usize;
+        if need < left {
+            for _ in 0..MAX_BUDGET_TRIES {
+                let t = argmax(logits);
+                if logits[t] == f32::NEG_INFINITY || self.allows(t as u32) {
+                    return;
+                }
+                logits[t] = f32::NEG_INFINITY;
+            }
+        }
+        if self.partial.n_remain != 0 {
+            return; // inside a character: the grammar's mask is all there is
+        }
+        let Some(finish) = sh.text(&self.grammar, &self.stacks) else {
+            return;
+        };
+        let begins = |p: &[u8]| !p.is_empty() && p[0] != 0 && finish.starts_with(p);
+        if !(self.index.pieces.iter()).any(|p| begins(p)) && !finish.is_empty() {
+            return; // the vocabulary cannot write it: leave the grammar's mask
+        }
+        for (t, l) in logits.iter_mut().enumerate() {
+            let eog = self.index.is_eog(t as u32);
+            let keep = if eog {
+                finish.is_empty()
+            } else {
+                self.index.pieces.get(t).is_some_and(|p| begins(p))
+            };
+            if !keep {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    // ANCHOR_END: fits
+}
+
+/// The index of the largest value (the first of equals).
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
 }
 
 impl TokenRule for GrammarRule {
@@ -407,14 +475,18 @@ impl TokenRule for GrammarRule {
             return self.is_complete();
         }
         match self.index.pieces.get(token as usize) {
-            Some(p) if !p.is_empty() && p[0] != 0 => feed(
-                &self.grammar,
-                &self.stacks,
-                self.partial,
-                p,
-                &mut self.scratch,
-            )
-            .is_ok(),
+            Some(p) if !p.is_empty() && p[0] != 0 => {
+                match feed(
+                    &self.grammar,
+                    &self.stacks,
+                    self.partial,
+                    p,
+                    &mut self.scratch,
+                ) {
+                    Ok((stacks, partial)) => self.fits(&stacks, partial),
+                    Err(_) => false,
+                }
+            }
             _ => false,
         }
     }
@@ -450,6 +522,11 @@ impl TokenRule for GrammarRule {
                 logits[t as usize] = l;
             }
         }
+        self.mask_budget(logits);
+    }
+
+    fn budget(&mut self, tokens_left: usize) {
+        self.left = Some(tokens_left);
     }
 
     fn accept(&mut self, token: u32) {
