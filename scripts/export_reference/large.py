@@ -4,10 +4,11 @@ Chapter 14 writes 7-9B-shaped models from a recipe (`chapters/ch14-scaling/src/l
 shape and vocabulary, seeded weights at trained scale, llama.cpp's quantization mix. The files are
 plain GGUF, so llama.cpp runs them as they are. This step has the project's own `make-model`
 example write the tests' cut versions (two layers, full width: d 4096 or 3584, the 128k or 152k
-vocabulary) into the cache, records each file's sha256 (a test that builds the file again checks it
-before comparing a number), and stores llama.cpp's logits after a prompt, its greedy
-continuation, and what is needed of its logits after each token of that continuation to judge
-every step by chapter 6's rule (KL, mean |dlogit|, the greedy token): see `continuation`.
+vocabulary; Llama 3, Qwen2 and Qwen3) into the cache, records each file's sha256 (a test that
+builds the file again checks it before comparing a number), and stores llama.cpp's logits after
+a prompt, its greedy continuation, and what is needed of its logits after each token of that
+continuation to judge every step by chapter 6's rule (KL, mean |dlogit|, the greedy token): see
+`continuation`.
 """
 
 from __future__ import annotations
@@ -23,15 +24,18 @@ from . import prompts as P
 from .common import log, sha256_file, write_json, write_safetensors
 
 # (shape, file type, layers): the recipes the tests build. Qwen3-30B-A3B, chapter 18's, is cut
-# to one layer: its 128 experts of a layer are 340 MB in Q4_0.
+# to one layer: its 128 experts of a layer are 340 MB in Q4_0. OLMoE-1B-7B's 64 experts of a
+# layer are 226 MB: two layers.
 MODELS = [
     ("llama3-8b", "Q4_0", 2),
     ("llama3-8b", "Q4_K_M", 2),
     ("qwen2-7b", "Q4_0", 2),
+    ("qwen3-8b", "Q4_0", 2),
     ("qwen3-30b-a3b", "Q4_0", 1),
+    ("olmoe-1b-7b", "Q4_0", 2),
 ]
 # The example that makes a shape: chapter 18's for its mixtures of experts, chapter 14's else.
-MAKERS = {"qwen3-30b-a3b": ("ch18", "make-moe")}
+MAKERS = {"qwen3-30b-a3b": ("ch18", "make-moe"), "olmoe-1b-7b": ("ch18", "make-moe")}
 N_GENERATE = 16
 
 # The KV cache types the tests check besides f32 (the settings' own): llama.cpp's default f16,

@@ -36,6 +36,9 @@ use std::path::Path;
 /// A tensor of every layer: its name in the layer (`ffn_up.weight`) and its `ne`.
 pub type LayerTensor = (&'static str, Vec<u64>);
 
+/// The widths `(q, k)` of a shape's query and key norms.
+pub type NormWidths = fn(&Shape) -> (u64, u64);
+
 // ANCHOR: shape
 /// The shape of a real checkpoint, and what its family's GGUF metadata says.
 #[derive(Debug, Clone, Copy)]
@@ -60,8 +63,9 @@ pub struct Shape {
     pub rms_eps: f32,
     /// Biases on the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
-    /// Per-head RMS norms of the queries and keys (Qwen3).
-    pub qk_norm: bool,
+    /// RMS norms of the queries and keys, and their widths `(q, k)`: [`per_head`] for Qwen3,
+    /// `None` for a family without them.
+    pub qk_norm: Option<NormWidths>,
     /// Each layer's feed-forward tensors, `(name in the layer, ne)`: [`dense_ffn`], llama's
     /// SwiGLU, for this chapter's shapes; another network brings its own.
     pub ffn: fn(&Shape) -> Vec<LayerTensor>,
@@ -86,7 +90,7 @@ pub const LLAMA3_8B: Shape = Shape {
     rope_base: 500_000.0,
     rms_eps: 1e-5,
     qkv_bias: false,
-    qk_norm: false,
+    qk_norm: None,
     ffn: dense_ffn,
     keys: no_keys,
 };
@@ -101,6 +105,11 @@ pub fn dense_ffn(s: &Shape) -> Vec<LayerTensor> {
         ("ffn_up.weight", vec![d, ff]),
         ("ffn_down.weight", vec![ff, d]),
     ]
+}
+
+/// Qwen3's query and key norms: one head wide, applied to every head.
+pub fn per_head(s: &Shape) -> (u64, u64) {
+    (s.head_dim as u64, s.head_dim as u64)
 }
 
 /// No keys beyond every shape's.
@@ -124,7 +133,7 @@ pub const QWEN2_7B: Shape = Shape {
     rope_base: 1_000_000.0,
     rms_eps: 1e-6,
     qkv_bias: true,
-    qk_norm: false,
+    qk_norm: None,
     ffn: dense_ffn,
     keys: no_keys,
 };
@@ -145,7 +154,7 @@ pub const QWEN3_8B: Shape = Shape {
     rope_base: 1_000_000.0,
     rms_eps: 1e-6,
     qkv_bias: false,
-    qk_norm: true,
+    qk_norm: Some(per_head),
     ffn: dense_ffn,
     keys: no_keys,
 };
@@ -498,9 +507,10 @@ pub fn tensors(shape: &Shape, n_layer: usize, n_vocab: usize) -> Vec<(String, Ve
             add("attn_k.bias", vec![kv]);
             add("attn_v.bias", vec![kv]);
         }
-        if shape.qk_norm {
-            add("attn_q_norm.weight", vec![head]);
-            add("attn_k_norm.weight", vec![head]);
+        if let Some(widths) = shape.qk_norm {
+            let (q_norm, k_norm) = widths(shape);
+            add("attn_q_norm.weight", vec![q_norm]);
+            add("attn_k_norm.weight", vec![k_norm]);
         }
         add("attn_output.weight", vec![q, d]);
         add("ffn_norm.weight", vec![d]);

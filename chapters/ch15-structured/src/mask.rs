@@ -409,64 +409,6 @@ impl GrammarRule {
     pub fn is_complete(&self) -> bool {
         self.stacks.accepts_here()
     }
-
-    // ANCHOR: fits
-    /// Whether the state `stacks`, `partial` after the next token can still finish in the
-    /// tokens left after it: its fewest bytes at most that many (one token can always write
-    /// one byte of the shortest finish). Always, without a budget.
-    fn fits(&self, stacks: &Stacks, partial: Partial) -> bool {
-        match (self.left, &self.shortest) {
-            (Some(left), Some(sh)) => (sh.of(stacks, partial) as usize) < left,
-            _ => true,
-        }
-    }
-
-    /// Near the end of the budget, after the grammar's mask: make sure the likeliest token
-    /// left fits. Try the likeliest few, masking those that do not fit; if none does, allow
-    /// only the tokens that begin the shortest finish (each fits: it writes that finish's
-    /// first bytes).
-    fn mask_budget(&mut self, logits: &mut [f32]) {
-        let (Some(left), Some(sh)) = (self.left, self.shortest.clone()) else {
-            return;
-        };
-        let need = sh.of(&self.stacks, self.partial) as usize;
-        if need < left {
-            for _ in 0..MAX_BUDGET_TRIES {
-                let t = argmax(logits);
-                if logits[t] == f32::NEG_INFINITY || self.allows(t as u32) {
-                    return;
-                }
-                logits[t] = f32::NEG_INFINITY;
-            }
-        }
-        if self.partial.n_remain != 0 {
-            return; // inside a character: the grammar's mask is all there is
-        }
-        let Some(finish) = sh.text(&self.grammar, &self.stacks) else {
-            return;
-        };
-        let begins = |p: &[u8]| !p.is_empty() && p[0] != 0 && finish.starts_with(p);
-        if !(self.index.pieces.iter()).any(|p| begins(p)) && !finish.is_empty() {
-            return; // the vocabulary cannot write it: leave the grammar's mask
-        }
-        for (t, l) in logits.iter_mut().enumerate() {
-            let eog = self.index.is_eog(t as u32);
-            let keep = if eog {
-                finish.is_empty()
-            } else {
-                self.index.pieces.get(t).is_some_and(|p| begins(p))
-            };
-            if !keep {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-    }
-    // ANCHOR_END: fits
-}
-
-/// The index of the largest value (the first of equals).
-fn argmax(x: &[f32]) -> usize {
-    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
 }
 
 impl TokenRule for GrammarRule {
@@ -547,3 +489,63 @@ impl TokenRule for GrammarRule {
     }
 }
 // ANCHOR_END: rule_mask
+
+impl GrammarRule {
+    // ANCHOR: fits
+    /// Whether the state `stacks`, `partial` after the next token can still finish in the
+    /// tokens left after it: its fewest bytes at most that many (one token can always write
+    /// one byte of the shortest finish). Always, without a budget.
+    fn fits(&self, stacks: &Stacks, partial: Partial) -> bool {
+        match (self.left, &self.shortest) {
+            (Some(left), Some(sh)) => (sh.of(stacks, partial) as usize) < left,
+            _ => true,
+        }
+    }
+
+    /// Near the end of the budget, after the grammar's mask: make sure the likeliest token
+    /// left fits. Try the likeliest few, masking those that do not fit; if none does, allow
+    /// only the tokens that begin the shortest finish (each fits: it writes that finish's
+    /// first bytes).
+    fn mask_budget(&mut self, logits: &mut [f32]) {
+        let (Some(left), Some(sh)) = (self.left, self.shortest.clone()) else {
+            return;
+        };
+        let need = sh.of(&self.stacks, self.partial) as usize;
+        if need < left {
+            for _ in 0..MAX_BUDGET_TRIES {
+                let t = argmax(logits);
+                if logits[t] == f32::NEG_INFINITY || self.allows(t as u32) {
+                    return;
+                }
+                logits[t] = f32::NEG_INFINITY;
+            }
+        }
+        if self.partial.n_remain != 0 {
+            return; // inside a character: the grammar's mask is all there is
+        }
+        let Some(finish) = sh.text(&self.grammar, &self.stacks) else {
+            return;
+        };
+        let begins = |p: &[u8]| !p.is_empty() && p[0] != 0 && finish.starts_with(p);
+        if !(self.index.pieces.iter()).any(|p| begins(p)) && !finish.is_empty() {
+            return; // the vocabulary cannot write it: leave the grammar's mask
+        }
+        for (t, l) in logits.iter_mut().enumerate() {
+            let eog = self.index.is_eog(t as u32);
+            let keep = if eog {
+                finish.is_empty()
+            } else {
+                self.index.pieces.get(t).is_some_and(|p| begins(p))
+            };
+            if !keep {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    // ANCHOR_END: fits
+}
+
+/// The index of the largest value (the first of equals).
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}

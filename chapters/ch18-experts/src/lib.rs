@@ -17,7 +17,8 @@
 //! - [`qwen3moe`]: Qwen3-MoE, chapter 13's Qwen3 attention with this chapter's block.
 //! - [`olmoe`]: OLMoE, query and key norms across the whole width and the probabilities as the
 //!   experts' weights.
-//! - [`recipe`]: Qwen3-30B-A3B you can make, chapter 14's recipe with this chapter's tensors.
+//! - [`recipe`]: Qwen3-30B-A3B and OLMoE-1B-7B you can make, chapter 14's recipe with this
+//!   chapter's tensors.
 //! - [`architectures()`]: chapter 13's set with Qwen3-MoE and OLMoE added.
 
 use ch04::Architectures;

@@ -1,4 +1,4 @@
-//! Mixtures of experts you can make: chapter 14's recipes (a real checkpoint's shape, a real
+//! Mixtures of experts you can make (Qwen3-30B-A3B and OLMoE-1B-7B): chapter 14's recipes (a real checkpoint's shape, a real
 //! vocabulary, seeded weights at trained scale, llama.cpp's file types) with this chapter's
 //! feed-forward tensors and keys in place of the dense network's.
 //!
@@ -30,7 +30,7 @@ pub const QWEN3_30B_A3B: Shape = Shape {
     rope_base: 1_000_000.0,
     rms_eps: 1e-6,
     qkv_bias: false,
-    qk_norm: true,
+    qk_norm: Some(ch14::large::per_head),
     ffn: qwen3_30b_a3b_experts,
     keys: qwen3_30b_a3b_keys,
 };
@@ -39,8 +39,42 @@ pub const QWEN3_30B_A3B: Shape = Shape {
 pub const QWEN3_30B_A3B_EXPERTS: (usize, usize, usize) = (128, 8, 768);
 // ANCHOR_END: qwen3_30b_a3b
 
+// ANCHOR: olmoe_1b_7b
+/// OLMoE-1B-7B: 16 layers, d 2048, 16 query and 16 key/value heads of 128 with norms across
+/// the queries' and keys' whole widths, 64 experts of FFN 1024 (the file's
+/// `feed_forward_length`: OLMoE files have no `expert_feed_forward_length`) of which 8 run per
+/// token, the GPT-NeoX vocabulary (OLMoE's own is that one, padded), RoPE base 10,000.
+pub const OLMOE_1B_7B: Shape = Shape {
+    id: "olmoe-1b-7b",
+    arch: "olmoe",
+    vocab: "gpt-neox",
+    n_layer: 16,
+    n_embd: 2048,
+    n_head: 16,
+    n_head_kv: 16,
+    head_dim: 128,
+    n_ff: 1024,
+    n_ctx_train: 4096,
+    rope_base: 10_000.0,
+    rms_eps: 1e-5,
+    qkv_bias: false,
+    qk_norm: Some(whole_width),
+    ffn: olmoe_1b_7b_experts,
+    keys: olmoe_1b_7b_keys,
+};
+
+/// OLMoE-1B-7B's experts: `(n_expert, n_used, n_ff_exp)`.
+pub const OLMOE_1B_7B_EXPERTS: (usize, usize, usize) = (64, 8, 1024);
+
+/// OLMoE's query and key norms: across all the queries and all the keys of a token.
+pub fn whole_width(s: &Shape) -> (u64, u64) {
+    let w = |heads: usize| (heads * s.head_dim) as u64;
+    (w(s.n_head), w(s.n_head_kv))
+}
+// ANCHOR_END: olmoe_1b_7b
+
 /// Every shape this chapter can make.
-pub const SHAPES: [Shape; 1] = [QWEN3_30B_A3B];
+pub const SHAPES: [Shape; 2] = [QWEN3_30B_A3B, OLMOE_1B_7B];
 
 // ANCHOR: expert_tensors
 /// A mixture's feed-forward tensors for one layer of `s`: the router `(n_expert, n_embd)`, and
@@ -83,4 +117,15 @@ fn qwen3_30b_a3b_experts(s: &Shape) -> Vec<LayerTensor> {
 
 fn qwen3_30b_a3b_keys(s: &Shape) -> Vec<(String, Value)> {
     expert_keys(s, QWEN3_30B_A3B_EXPERTS)
+}
+
+fn olmoe_1b_7b_experts(s: &Shape) -> Vec<LayerTensor> {
+    expert_tensors(s, OLMOE_1B_7B_EXPERTS)
+}
+
+/// OLMoE's keys: the counts only; its experts are `feed_forward_length` wide.
+fn olmoe_1b_7b_keys(s: &Shape) -> Vec<(String, Value)> {
+    let mut keys = expert_keys(s, OLMOE_1B_7B_EXPERTS);
+    keys.retain(|(k, _)| !k.ends_with("expert_feed_forward_length"));
+    keys
 }
