@@ -12,6 +12,7 @@ use ch11::Predicted;
 use ch15::Structured;
 use ch16::LookupGuessing;
 use ch16::runner::DRAFT_MAX;
+use ch19::serve::ToolChats;
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -77,6 +78,8 @@ pub fn serve(rest: Vec<OsString>, archs: Architectures) {
     let mut args = flags.production.args(archs);
     args.serve.files = Arc::new(flags.quantize.files());
     args.serve.formats = Arc::new(Structured::default());
+    // Chapter 19: tools and reasoning in chat requests.
+    args.serve.chats = Arc::new(ToolChats);
     // Chapter 16: each request's own prompt lookup, checked in the continuous batch.
     args.serve.lookaheads = match flags.spec {
         ServeSpec::None => Arc::new(Predicted),

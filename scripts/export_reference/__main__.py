@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from . import engine as E
 from . import checkpoints, constrained, facts, gemma3, grammar, large, prompts, quant, tokenizer
+from . import tools
 from . import variants
 from .common import log, sha256_file, write_json
 from .f32_model import write_f32_copy
@@ -44,7 +45,7 @@ DESCRIPTIONS = {
 def describe(rel: str) -> str:
     if rel in DESCRIPTIONS:
         return DESCRIPTIONS[rel]
-    if held := grammar.describe(rel) or constrained.describe(rel):
+    if held := grammar.describe(rel) or constrained.describe(rel) or tools.describe(rel):
         return held
     if m := re.fullmatch(r"prompts/(\w+)\.safetensors", rel):
         return f"prompt {m[1]}: intermediate tensors of the forward pass, by llama.cpp graph name"
@@ -322,6 +323,34 @@ def only_variants(sdist: Path, cache: Path, out: Path) -> int:
                         variants.export_variants(out / "tokenizer", cache, stage, settings))
 
 
+def only_tools(sdist: Path, model: Path, out: Path) -> int:
+    """`--only tools`: step 16 alone (conversations with tools through llama-server), added
+    to the manifest after `checkpoints` when it has no `tools` section yet."""
+    manifest_path, manifest = recorded_manifest(out, sdist, model)
+    with tempfile.TemporaryDirectory(prefix="export-reference-tools-") as tmp:
+        stage = Path(tmp)
+        section = tools.export_tools(out.resolve().parent, model, sdist, stage)
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith("tools/")}
+        files.update(file_entries(stage))
+        manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
+        updated = {}
+        for k, v in manifest.items():
+            if k != "tools":
+                updated[k] = v
+            if k == "checkpoints":
+                updated["tools"] = {"how": TOOLS_HOW, **section}
+        shutil.rmtree(out / "tools", ignore_errors=True)
+        shutil.move(str(stage / "tools"), str(out / "tools"))
+    write_json(manifest_path, updated)
+    log(f"replaced {out / 'tools'} and its manifest entries")
+    return 0
+
+
+TOOLS_HOW = ("llama-server (scripts/build-llama-server) started once per template with --jinja "
+             "--chat-template-file and the default model; each conversation posted to "
+             "/apply-template with chat_template_kwargs {\"date_string\": \"26 Jul 2024\"}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="export-reference")
     ap.add_argument("--model", type=Path, required=True, help="the default model (Q4_1 GGUF)")
@@ -331,10 +360,11 @@ def main() -> int:
     ap.add_argument("--gemma3", type=Path, help="Gemma 3 270M Q4_K_M (chapter 13)")
     ap.add_argument(
         "--only",
-        choices=["grammar", "checkpoints", "large", "variants"],
+        choices=["grammar", "checkpoints", "large", "variants", "tools"],
         help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
         "constrained runs of --model), step 15 (chapter 17's converted checkpoints), step 12 "
-        "(chapters 14 and 18's generated large models), or step 11 (chapters 13 and 18's synthetic variants), "
+        "(chapters 14 and 18's generated large models), step 11 (chapters 13 and 18's synthetic variants) "
+        "or step 16 (chapter 19's conversations with tools), "
         "and update the manifest in place",
     )
     args = ap.parse_args()
@@ -348,6 +378,8 @@ def main() -> int:
         if args.cache is None:
             ap.error("--only large needs --cache")
         return only_large(args.sdist, args.cache, args.out)
+    if args.only == "tools":
+        return only_tools(args.sdist, args.model, args.out)
     if args.only == "variants":
         if args.cache is None:
             ap.error("--only variants needs --cache")
@@ -407,6 +439,8 @@ def main() -> int:
         args.out.resolve().parent, args.model, args.gemma3, args.sdist, args.cache, stage,
         f32_settings,
     )
+    log("step 16: chapter 19's conversations with tools, through llama-server")
+    to = tools.export_tools(args.out.resolve().parent, args.model, args.sdist, stage)
 
     files = file_entries(stage)
 
@@ -476,6 +510,7 @@ def main() -> int:
         },
         "grammar": gr,
         "checkpoints": ck,
+        "tools": {"how": TOOLS_HOW, **to},
         "files": files,
         "reduced_precision": pr["reduced_precision"],
         "graph_name_notes": {

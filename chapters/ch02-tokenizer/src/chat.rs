@@ -22,6 +22,10 @@ pub struct Message {
     /// `"system"`, `"user"` or `"assistant"`.
     pub role: String,
     pub content: String,
+    /// The turn's other fields, for templates that read them, in order: whatever a later
+    /// stage gives the template besides the role and the content (a template sees them as
+    /// `message.NAME`). Empty for the plain turns of this chapter.
+    pub fields: Vec<(String, minijinja::Value)>,
 }
 
 impl Message {
@@ -29,13 +33,49 @@ impl Message {
         Message {
             role: role.to_string(),
             content: content.to_string(),
+            fields: Vec::new(),
         }
     }
+
+    /// The message as the template sees it: `role`, `content`, then its other fields.
+    fn to_value(&self) -> minijinja::Value {
+        let head = [
+            (
+                "role".to_string(),
+                minijinja::Value::from(self.role.as_str()),
+            ),
+            (
+                "content".to_string(),
+                minijinja::Value::from(self.content.as_str()),
+            ),
+        ];
+        let rest = self
+            .fields
+            .iter()
+            .filter(|(k, _)| k != "role" && k != "content");
+        object(head.into_iter().chain(rest.cloned()))
+    }
 }
+
+/// A template's map (a Python dict) of `entries`, in their order.
+pub fn object<K: Into<String>>(
+    entries: impl IntoIterator<Item = (K, minijinja::Value)>,
+) -> minijinja::Value {
+    let map: indexmap::IndexMap<minijinja::Value, minijinja::Value> = entries
+        .into_iter()
+        .map(|(k, v)| (minijinja::Value::from(k.into()), v))
+        .collect();
+    minijinja::Value::from_object(map)
+}
+
+/// A template's variables besides `messages`, `add_generation_prompt`, `bos_token` and
+/// `eos_token`: what a later stage hands the template (a template reads `NAME`).
+pub type Vars<'a> = &'a [(String, minijinja::Value)];
 
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -87,14 +127,25 @@ impl ChatTemplate {
                 ))
             },
         );
+        // Python's string and dict methods (`.strip()`, `.startswith()`, `.items()`, …), which
+        // templates written for transformers call; and `tojson` as Python writes JSON.
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", crate::template_json::tojson);
         env.add_template_owned(NAME, source.to_string())?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
         })
     }
     // ANCHOR_END: template
+
+    /// The template's text: later stages read from it how a family writes what the template
+    /// describes (its tool calls, say).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
 
     /// The template in `tokenizer.chat_template`, with the BOS and EOS token texts.
     pub fn from_gguf(gguf: &ch01::Gguf) -> Result<ChatTemplate, TokenizerError> {
@@ -146,17 +197,30 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<(String, u64), TokenizerError> {
+        self.render_with(messages, add_generation_prompt, &[])
+    }
+
+    // ANCHOR_END: render
+
+    // ANCHOR: render_with
+    /// [`ChatTemplate::render_counted`] with the variables `vars` besides the messages (a
+    /// variable of the same name as one of the four is given instead of it).
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: Vars,
+    ) -> Result<(String, u64), TokenizerError> {
         let template = self.env.get_template(NAME)?;
-        let messages: Vec<minijinja::Value> = messages
-            .iter()
-            .map(|m| minijinja::context! { role => &m.role, content => &m.content })
-            .collect();
-        let context = minijinja::context! {
+        let messages: Vec<minijinja::Value> = messages.iter().map(Message::to_value).collect();
+        let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
+        let extra = object(vars.iter().cloned());
+        let context = minijinja::context! { ..extra, ..base };
         // minijinja writes its output in pieces; the writer refuses the piece that would pass
         // the limit, so the text never grows past it.
         let mut out = BoundedWriter {
@@ -185,7 +249,7 @@ impl ChatTemplate {
         Ok((text, fuel))
     }
 }
-// ANCHOR_END: render
+// ANCHOR_END: render_with
 
 /// A rendered conversation, and where the messages' content lies in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,13 +272,40 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(tokenizer, messages, add_generation_prompt, &[])
+    }
+
+    /// [`ChatTemplate::encode`] with the variables `vars`. The messages' other fields and the
+    /// variables are written among the template's markers, where they cannot be told apart
+    /// from its text: text in them that spells a control token is refused.
+    pub fn encode_with(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: Vars,
+    ) -> Result<Vec<u32>, TokenizerError> {
         // A role is the template's input, written among its markers: it must be plain.
         for (i, m) in messages.iter().enumerate() {
             if let Some(id) = tokenizer.control_token_in(&m.role) {
                 return Err(forged(i, "role", tokenizer, id));
             }
+            for (name, v) in &m.fields {
+                if let Some(id) = control_token_in_value(tokenizer, v) {
+                    return Err(forged(i, name, tokenizer, id));
+                }
+            }
         }
-        let rendered = self.render_marked(messages, add_generation_prompt)?;
+        for (name, v) in vars {
+            if let Some(id) = control_token_in_value(tokenizer, v) {
+                return Err(TokenizerError::Template(format!(
+                    "`{name}` contains the control token {:?} (id {id}), which the chat \
+                     template's output would not keep apart from its own markers",
+                    tokenizer.token_text(id).unwrap_or("")
+                )));
+            }
+        }
+        let rendered = self.render_marked_with(messages, add_generation_prompt, vars)?;
         match rendered.content {
             Some(literal) => Ok(tokenizer.encode_literal(&rendered.text, true, &literal)),
             None => {
@@ -241,7 +332,17 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Rendered, TokenizerError> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.render_marked_with(messages, add_generation_prompt, &[])
+    }
+
+    /// [`ChatTemplate::render_marked`] with the variables `vars`.
+    pub fn render_marked_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: Vars,
+    ) -> Result<Rendered, TokenizerError> {
+        let (text, _) = self.render_with(messages, add_generation_prompt, vars)?;
         // Placeholders: private-use characters around a tag that no role or content contains.
         let mut nonce = 0u32;
         let taken = |tag: &str| {
@@ -256,9 +357,12 @@ impl ChatTemplate {
         let marked: Vec<Message> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| Message::new(&m.role, &format!("{open}{i}\u{E001}")))
+            .map(|(i, m)| Message {
+                content: format!("{open}{i}\u{E001}"),
+                ..m.clone()
+            })
             .collect();
-        let Ok(skeleton) = self.render(&marked, add_generation_prompt) else {
+        let Ok((skeleton, _)) = self.render_with(&marked, add_generation_prompt, vars) else {
             return Ok(Rendered {
                 text,
                 content: None,
@@ -276,6 +380,26 @@ fn forged(i: usize, field: &str, tokenizer: &Tokenizer, id: u32) -> TokenizerErr
          template's output would not keep apart from its own markers",
         tokenizer.token_text(id).unwrap_or("")
     ))
+}
+
+/// The first control token spelled in any text of `v` (its strings, its keys, at any depth).
+fn control_token_in_value(tokenizer: &Tokenizer, v: &minijinja::Value) -> Option<u32> {
+    use minijinja::value::ValueKind;
+    match v.kind() {
+        ValueKind::String => tokenizer.control_token_in(v.as_str().unwrap_or("")),
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => {
+            let items: Vec<minijinja::Value> = v.try_iter().ok()?.collect();
+            items.iter().find_map(|k| {
+                control_token_in_value(tokenizer, k).or_else(|| {
+                    (v.kind() == ValueKind::Map)
+                        .then(|| v.get_item(k).ok())
+                        .flatten()
+                        .and_then(|x| control_token_in_value(tokenizer, &x))
+                })
+            })
+        }
+        _ => None,
+    }
 }
 
 /// The ranges of `text` where the contents of `messages` are, given `skeleton`, the same

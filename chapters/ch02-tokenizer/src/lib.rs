@@ -44,6 +44,7 @@ mod error;
 pub mod pretokenize;
 pub mod special;
 pub mod spm;
+pub mod template_json;
 pub mod tokenizer;
 pub mod ugm;
 pub mod unicode;
@@ -51,7 +52,7 @@ mod unicode_data;
 pub mod vocab;
 pub mod wpm;
 
-pub use chat::{ChatTemplate, Message, Rendered};
+pub use chat::{ChatTemplate, Message, Rendered, Vars};
 pub use error::TokenizerError;
 pub use pretokenize::{PreTokenizer, RegexSplitter, Splitter};
 pub use tokenizer::{Split, StreamDecoder, Tokenizer};

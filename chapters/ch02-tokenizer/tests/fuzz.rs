@@ -599,7 +599,7 @@ fn message() -> impl Strategy<Value = Message> {
         ".{0,6}",
     ];
     let content = prop_oneof![".{0,20}", template()];
-    (role, content).prop_map(|(role, content)| Message { role, content })
+    (role, content).prop_map(|(role, content)| Message::new(&role, &content))
 }
 
 proptest! {

@@ -21,7 +21,7 @@ pub mod api;
 pub mod server;
 pub mod worker;
 
-pub use api::{Cancel, Formats, Lookaheads, Predicted, TextOnly};
+pub use api::{Cancel, Chats, Formats, Lookaheads, PlainChats, Predicted, TextOnly};
 use ch04::cli;
 use ch07::SchedulerConfig;
 use ch08::{FastLoader, PoolKind, new_pool};
@@ -85,6 +85,9 @@ pub struct ServeArgs {
     /// What requests feed ahead: the output a client predicted ([`Predicted`]), unless a
     /// later chapter hands in more.
     pub lookaheads: Arc<dyn Lookaheads>,
+    /// What a chat's conversation and answer become: chapter 2's messages and all content
+    /// ([`PlainChats`]), unless a later chapter hands in more (tool calls, reasoning).
+    pub chats: Arc<dyn Chats>,
 }
 // ANCHOR_END: args
 
@@ -112,6 +115,7 @@ impl Default for ServeArgs {
             files: Arc::new(ch10::GgufFiles),
             formats: Arc::new(TextOnly),
             lookaheads: Arc::new(Predicted),
+            chats: Arc::new(PlainChats),
         }
     }
 }
@@ -226,6 +230,7 @@ pub fn load_observed(
         body_limit,
         formats: Arc::clone(&args.formats),
         lookaheads: Arc::clone(&args.lookaheads),
+        chats: Arc::clone(&args.chats),
     })
 }
 // ANCHOR_END: load_worker

@@ -27,7 +27,9 @@ use testkit::refdata::{self, TensorFile};
 
 #[path = "common/large_checks.rs"]
 mod large_checks;
-use large_checks::{Totals, built, check_both_paths, ids, judge, kept_steps, sample_stride};
+use large_checks::{
+    Scalar, Totals, built, check_both_paths, ids, judge, kept_steps, sample_stride,
+};
 
 #[test]
 fn generated_large_models_agree_with_llama_cpp_on_both_paths() {
@@ -43,6 +45,7 @@ fn generated_large_models_agree_with_llama_cpp_on_both_paths() {
         ours.into_iter(),
         stride,
         &ch13::architectures(),
+        Scalar::OncePerType,
     );
 }
 

@@ -143,10 +143,10 @@ fn throughput(grammar: &Grammar, runs: usize) {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let template = engine.template.as_ref().expect("a chat template");
-    let messages = [ch02::Message {
-        role: "user".into(),
-        content: format!("Describe Lyon as JSON with the fields of this schema: {SCHEMA}"),
-    }];
+    let messages = [ch02::Message::new(
+        "user",
+        &format!("Describe Lyon as JSON with the fields of this schema: {SCHEMA}"),
+    )];
     let prompt = template
         .encode(&engine.tokenizer, &messages, true)
         .unwrap_or_else(|e| panic!("{e}"));

@@ -490,6 +490,33 @@ impl TokenRule for GrammarRule {
 }
 // ANCHOR_END: rule_mask
 
+/// What a rule that starts in the middle of an answer needs (chapter 19's lazy grammar).
+impl GrammarRule {
+    /// Move past `text`, written before this rule took over (a lazy grammar starts at its
+    /// trigger, in the middle of what the model wrote): whether the grammar accepts it so far.
+    pub fn accept_text(&mut self, text: &[u8]) -> bool {
+        match feed(
+            &self.grammar,
+            &self.stacks,
+            self.partial,
+            text,
+            &mut self.scratch,
+        ) {
+            Ok((stacks, partial)) => {
+                self.stacks = stacks;
+                self.partial = partial;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The bytes token `token` writes (empty for an end-of-generation or control token).
+    pub fn piece(&self, token: u32) -> &[u8] {
+        self.index.pieces.get(token as usize).map_or(&[][..], |p| p)
+    }
+}
+
 impl GrammarRule {
     // ANCHOR: fits
     /// Whether the state `stacks`, `partial` after the next token can still finish in the

@@ -128,7 +128,7 @@ proptest! {
         let mut ids = Vec::new();
         for &(case, seed, temp, extra) in &picks {
             let Case { rule, ask, fewest, .. } = &f.cases[case];
-            let messages = [Message { role: "user".into(), content: ask.to_string() }];
+            let messages = [Message::new("user", ask)];
             let prompt = template.encode(tok, &messages, true).unwrap_or_else(|e| panic!("{e}"));
             let params = GenParams {
                 max_tokens: fewest + extra,

@@ -14,7 +14,8 @@
 //! One file for each part: `request.rs` the two endpoints' bodies and their own fields,
 //! `sampling.rs` the fields they share and how they are checked, `unsupported.rs` what is
 //! refused, `response.rs` the responses and stream chunks, `error.rs` the errors, and
-//! `seams.rs` what later chapters hand in (the output forms, what a request feeds ahead).
+//! `seams.rs` what later chapters hand in (the output forms, what a request feeds ahead, what
+//! a chat's conversation and answer become).
 
 mod error;
 mod request;
@@ -25,11 +26,14 @@ mod unsupported;
 
 pub use error::{ApiError, MAX_ECHOED_CHARS, echo};
 pub use request::{ChatMessage, ChatRequest, CompletionRequest, Content, Part, Prompt, ROLES};
-pub use response::{Endpoint, Head, Usage, finish_reason};
+pub use response::{Answer, Endpoint, Head, Usage, chat_finish_reason, finish_reason};
 pub use sampling::{
     Field, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_TEMPERATURE, Sampling, Stop, StreamOptions,
 };
-pub use seams::{Cancel, Formats, Lookaheads, Predicted, TextOnly};
+pub use seams::{
+    AnswerPart, Cancel, Chat, Chats, Formats, Lookaheads, PlainChats, Predicted, Reader, TextBound,
+    TextOnly,
+};
 pub use unsupported::{CHAIN, STAGES_OFF, UNSUPPORTED};
 
 // Only for the documentation's links:

@@ -1,6 +1,7 @@
 //! What the server answers: a whole response, or a stream's chunks, in OpenAI's shapes for
 //! either endpoint ([`Head`]), with the token counts ([`Usage`]) and the finish reason.
 
+use super::AnswerPart;
 use ch04::StopReason;
 use serde_json::{Value, json};
 
@@ -10,6 +11,62 @@ pub fn finish_reason(stop: StopReason) -> &'static str {
     match stop {
         StopReason::EndOfGeneration | StopReason::StopString => "stop",
         StopReason::MaxTokens | StopReason::ContextFull | StopReason::Cancelled => "length",
+    }
+}
+
+/// A chat's `finish_reason`: `tool_calls` when the model ended its turn having called tools,
+/// [`finish_reason`] otherwise.
+pub fn chat_finish_reason(stop: StopReason, called: bool) -> &'static str {
+    match stop {
+        StopReason::EndOfGeneration | StopReason::StopString if called => "tool_calls",
+        _ => finish_reason(stop),
+    }
+}
+
+/// An assistant's message: the [`AnswerPart`]s of its answer put together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answer {
+    pub content: String,
+    pub reasoning: String,
+    /// Each call's id, function name and arguments (JSON text).
+    pub calls: Vec<(String, String, String)>,
+}
+
+impl Answer {
+    pub fn add(&mut self, part: &AnswerPart) {
+        match part {
+            AnswerPart::Content(t) => self.content.push_str(t),
+            AnswerPart::Reasoning(t) => self.reasoning.push_str(t),
+            AnswerPart::Call { id, name, .. } => {
+                self.calls.push((id.clone(), name.clone(), String::new()))
+            }
+            AnswerPart::Arguments { index, text } => {
+                if let Some(c) = self.calls.get_mut(*index) {
+                    c.2.push_str(text);
+                }
+            }
+        }
+    }
+
+    /// OpenAI's message object: `content` (null when the turn only calls tools),
+    /// llama-server's `reasoning_content` when there is any, and `tool_calls`.
+    pub fn to_json(&self) -> Value {
+        let mut m = json!({ "role": "assistant", "content": self.content });
+        if self.content.is_empty() && !self.calls.is_empty() {
+            m["content"] = Value::Null;
+        }
+        if !self.reasoning.is_empty() {
+            m["reasoning_content"] = self.reasoning.clone().into();
+        }
+        if !self.calls.is_empty() {
+            m["tool_calls"] = (self.calls.iter())
+                .map(|(id, name, arguments)| {
+                    json!({"id": id, "type": "function",
+                           "function": {"name": name, "arguments": arguments}})
+                })
+                .collect();
+        }
+        m
     }
 }
 
@@ -100,6 +157,45 @@ impl Head {
         let mut v = self.with_choices(false, json!([choice]));
         v["usage"] = usage.to_json();
         v
+    }
+
+    /// The whole answer of a chat request without `stream`, made of its parts.
+    pub fn answer(&self, answer: &Answer, stop: StopReason, usage: Usage) -> Value {
+        let choice = json!({
+            "index": 0,
+            "message": answer.to_json(),
+            "logprobs": null,
+            "finish_reason": chat_finish_reason(stop, !answer.calls.is_empty()),
+        });
+        let mut v = self.with_choices(false, json!([choice]));
+        v["usage"] = usage.to_json();
+        v
+    }
+
+    /// A chat stream's chunk carrying one part: a `content` or `reasoning_content` delta, or a
+    /// `tool_calls` delta — a call's start (its index, id, type and name, no arguments yet)
+    /// or more of its arguments.
+    pub fn part_chunk(&self, part: &AnswerPart) -> Value {
+        let delta = match part {
+            AnswerPart::Content(t) => json!({ "content": t }),
+            AnswerPart::Reasoning(t) => json!({ "reasoning_content": t }),
+            AnswerPart::Call { index, id, name } => json!({ "tool_calls": [{
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            AnswerPart::Arguments { index, text } => json!({ "tool_calls": [{
+                "index": index, "function": {"arguments": text},
+            }]}),
+        };
+        let choice = json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null });
+        self.with_choices(true, json!([choice]))
+    }
+
+    /// The last chunk of a chat stream whose answer called tools or not.
+    pub fn last_chat_chunk(&self, stop: StopReason, called: bool) -> Value {
+        let choice = json!({ "index": 0, "delta": {}, "logprobs": null,
+                             "finish_reason": chat_finish_reason(stop, called) });
+        self.with_choices(true, json!([choice]))
     }
 
     // ANCHOR: chunk

@@ -122,3 +122,124 @@ impl Lookaheads for Predicted {
     }
 }
 // ANCHOR_END: lookaheads
+
+// ANCHOR: chats
+/// What a chat request's conversation becomes — its prompt, and the rule its answer is held
+/// to — and what the answer's text becomes: parts of the assistant's message ([`AnswerPart`]). The
+/// server holds one value of this ([`ServeArgs::chats`](crate::ServeArgs::chats)): this
+/// chapter's [`PlainChats`], whose answer is all content, or one a later chapter hands in
+/// (tool calls, reasoning).
+pub trait Chats: Send + Sync + std::fmt::Debug {
+    /// The top-level fields of a chat request this reads besides this chapter's own, which
+    /// the server would otherwise refuse by name (`tools`, `tool_choice`, …).
+    fn fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Read the request (its body, JSON text) and its messages, and render its prompt with
+    /// the model's `template`; `bound` is the most bytes of text a prompt that fits the
+    /// context can have, where such a bound holds, and the context's tokens (a longer
+    /// conversation is refused before it is tokenized). Called on a blocking thread.
+    fn open(
+        &self,
+        body: &str,
+        template: &ch02::ChatTemplate,
+        tokenizer: &ch02::Tokenizer,
+        bound: TextBound,
+    ) -> Result<Chat, ApiError>;
+}
+// ANCHOR_END: chats
+
+/// The most bytes of text a prompt that fits the context can have (`None`: no bound holds),
+/// and the context's tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct TextBound {
+    pub max_bytes: Option<usize>,
+    pub n_ctx: usize,
+}
+
+impl TextBound {
+    /// A 400 naming `param` when `bytes` of text cannot fit.
+    pub fn check(self, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+        match self.max_bytes {
+            Some(max) if bytes > max => Err(ApiError::too_long_text(param, bytes, max, self.n_ctx)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A chat request, opened: its prompt's token ids, the rule its answer is held to (if any),
+/// and the reader of its answer.
+pub struct Chat {
+    pub prompt: Vec<u32>,
+    pub rule: Option<Arc<dyn MakeRule>>,
+    pub reader: Box<dyn Reader>,
+}
+
+// ANCHOR: reader
+/// Turns the answer's text, as it streams, into parts of the assistant's message.
+pub trait Reader: Send {
+    /// The next piece of text: the parts it completes.
+    fn read(&mut self, text: &str) -> Vec<AnswerPart>;
+    /// The text has ended: the parts still held back.
+    fn finish(&mut self) -> Vec<AnswerPart>;
+}
+
+/// A part of an assistant's message, as it becomes known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerPart {
+    /// Text of the answer (OpenAI's `content`).
+    Content(String),
+    /// Text of the model's reasoning (llama-server's `reasoning_content`).
+    Reasoning(String),
+    /// Call `index` begins: its id and the function's name.
+    Call {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of call `index`'s arguments (JSON text).
+    Arguments { index: usize, text: String },
+}
+// ANCHOR_END: reader
+
+// ANCHOR: plain_chats
+/// The messages as chapter 2's, rendered by the template; the answer all content.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlainChats;
+
+impl Chats for PlainChats {
+    fn open(
+        &self,
+        body: &str,
+        template: &ch02::ChatTemplate,
+        tokenizer: &ch02::Tokenizer,
+        bound: TextBound,
+    ) -> Result<Chat, ApiError> {
+        let req: super::ChatRequest =
+            serde_json::from_str(body).map_err(|e| ApiError::bad_json(&e))?;
+        let messages = req.messages()?;
+        bound.check("messages", messages.iter().map(|m| m.content.len()).sum())?;
+        let prompt = template
+            .encode(tokenizer, &messages, true)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        Ok(Chat {
+            prompt,
+            rule: None,
+            reader: Box::new(AllContent),
+        })
+    }
+}
+
+/// Every piece of text is content.
+struct AllContent;
+
+impl Reader for AllContent {
+    fn read(&mut self, text: &str) -> Vec<AnswerPart> {
+        vec![AnswerPart::Content(text.to_string())]
+    }
+    fn finish(&mut self) -> Vec<AnswerPart> {
+        Vec::new()
+    }
+}
+// ANCHOR_END: plain_chats

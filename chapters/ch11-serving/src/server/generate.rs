@@ -5,7 +5,7 @@ use super::place::Place;
 use super::state::unix_now;
 use super::stream::sse_events;
 use super::{AppState, Loaded, RequestLabel};
-use crate::api::{ApiError, Endpoint, Head, Usage};
+use crate::api::{Answer, ApiError, Endpoint, Head, Reader, Usage};
 use crate::worker::{Event, Job};
 use axum::extract::Extension;
 use axum::response::sse::Sse;
@@ -37,6 +37,8 @@ pub(super) struct Generate {
     pub(super) partition: u64,
     /// What it feeds ahead ([`Lookaheads`]), if anything.
     pub(super) lookahead: Option<Box<dyn Lookahead + Send>>,
+    /// A chat's reader of its answer ([`Chats`](crate::api::Chats)); a completion has none.
+    pub(super) reader: Option<Box<dyn Reader>>,
 }
 
 impl Generate {
@@ -61,6 +63,7 @@ impl Generate {
                 .is_some_and(|o| o.include_usage),
             partition: 0,
             lookahead: None,
+            reader: None,
         }
     }
 }
@@ -90,6 +93,7 @@ pub(super) async fn generate(
         include_usage,
         partition,
         lookahead,
+        reader,
     } = request;
     let param = match endpoint {
         Endpoint::Chat => "messages",
@@ -155,7 +159,7 @@ pub(super) async fn generate(
         model: l.model_id.clone(),
     };
     if stream {
-        let events = sse_events(head, rx, place, include_usage);
+        let events = sse_events(head, rx, place, include_usage, reader);
         return Ok(Sse::new(events).into_response());
     }
     // ANCHOR: yours_collect
@@ -176,7 +180,18 @@ pub(super) async fn generate(
                     fed_ahead_tokens: o.fed_ahead_tokens,
                     kept_ahead_tokens: o.kept_ahead_tokens,
                 };
-                return Ok(axum::Json(head.response(&text, o.stop, usage)).into_response());
+                let body = match reader {
+                    // A chat's answer: its parts, read from the whole text.
+                    Some(mut reader) => {
+                        let mut answer = Answer::default();
+                        for part in reader.read(&text).iter().chain(&reader.finish()) {
+                            answer.add(part);
+                        }
+                        head.answer(&answer, o.stop, usage)
+                    }
+                    None => head.response(&text, o.stop, usage),
+                };
+                return Ok(axum::Json(body).into_response());
             }
             Some(Event::Failed(m)) => {
                 place.ended = true;

@@ -5,13 +5,13 @@
 use super::generate::{Generate, generate};
 use super::place::Place;
 use super::{AppState, CachePartition, Loaded, Preparing, RequestLabel};
-use crate::api::{ApiError, Cancel, ChatRequest, CompletionRequest, Endpoint, Prompt, Sampling};
+use crate::api::{
+    ApiError, Cancel, Chat, ChatRequest, CompletionRequest, Endpoint, Prompt, Sampling, TextBound,
+};
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use ch02::Message;
-use ch10::Engine;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
@@ -138,15 +138,14 @@ pub(super) async fn chat(
             Some(Extension(t)) => t,
             None => s.preparing().await,
         };
-        let (req, body): (ChatRequest, _) = parse(&s, body).await?;
+        let (mut req, body): (ChatRequest, _) = parse(&s, body).await?;
         check_model(l, req.sampling.model.as_deref())?;
+        // The fields the conversation's reader takes (a later chapter's `tools`, say) are its
+        // own to check.
+        for field in l.chats.fields() {
+            req.sampling.rest.remove(*field);
+        }
         let (mut params, asked) = req.sampling.params()?;
-        let messages = req.messages()?;
-        check_text_bytes(
-            l,
-            "messages",
-            messages.iter().map(|m| m.content.len()).sum(),
-        )?;
         let predicted = prediction(l, &req.sampling)?;
         if l.engine.template.is_none() {
             return Err(ApiError::invalid(
@@ -156,20 +155,46 @@ pub(super) async fn chat(
         }
         // From here on the request holds a place: what is done for it counts.
         let place = Place::take(&s, l)?;
-        // Rendering and tokenizing a long conversation takes milliseconds: off the runtime.
-        let engine = Arc::clone(&l.engine);
-        let (prompt, predicted) = place
+        // Reading the conversation, rendering and tokenizing it take milliseconds: off the
+        // runtime.
+        let (engine, chats, text) = (Arc::clone(&l.engine), Arc::clone(&l.chats), body.clone());
+        let bound = TextBound {
+            max_bytes: l.max_text_bytes,
+            n_ctx: l.n_ctx,
+        };
+        let (chat, predicted) = place
             .prepare(deadline, None, move |_| {
+                // The body parsed as JSON: it is UTF-8.
+                let text = std::str::from_utf8(&text)
+                    .map_err(|e| ApiError::invalid("body", e.to_string()))?;
+                let template = engine.template.as_ref().expect("checked above");
+                let chat = chats.open(text, template, &engine.tokenizer, bound)?;
                 let predicted = predicted.map(|p| engine.tokenizer.encode(&p, false, false));
-                Ok((encode_chat(&engine, &messages)?, predicted))
+                Ok((chat, predicted))
             })
             .await?;
         turn.done();
-        // The form's rule, or the one `params` set (`ignore_eos`; never both, `params` says).
+        // ANCHOR_END: chat
+        // ANCHOR: chat_rule
+        let Chat {
+            prompt,
+            rule,
+            reader,
+        } = chat;
+        // The form's rule, the conversation's (tool calls held to their schemas), or the one
+        // `params` set (`ignore_eos`): one of them.
         let form = place.form(&s, l, body, &req.sampling, deadline).await?;
-        params.rule = form.or(params.rule.take());
+        if form.is_some() && rule.is_some() {
+            return Err(ApiError::invalid(
+                "response_format",
+                "`response_format` cannot be combined with tool calls held to their schemas \
+                 (set `tool_choice` to \"none\", or leave `response_format` out)",
+            ));
+        }
+        params.rule = form.or(rule).or(params.rule.take());
         let mut request =
             Generate::new(Endpoint::Chat, label, prompt, params, asked, &req.sampling);
+        request.reader = Some(reader);
         request.partition = partition.map_or(0, |Extension(CachePartition(p))| p);
         request.lookahead = l.lookaheads.lookahead(
             request.prompt_len(),
@@ -180,16 +205,7 @@ pub(super) async fn chat(
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
-// ANCHOR_END: chat
-
-/// The conversation's token ids: the template's markers as control tokens, the messages'
-/// content as text (chapter 2's special-token rule).
-fn encode_chat(engine: &Engine, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
-    let template = engine.template.as_ref().expect("checked by the caller");
-    template
-        .encode(&engine.tokenizer, messages, true)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))
-}
+// ANCHOR_END: chat_rule
 
 /// `POST /v1/completions`. The prompt is the client's whole text, as in llama-server: special
 /// tokens written in it are parsed (there is no template whose markers to protect).

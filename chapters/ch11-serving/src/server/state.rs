@@ -4,7 +4,7 @@
 //! [`body_limit_for`]) and what a layer in front of the routes may tell a handler about a
 //! request ([`RequestLabel`], [`CachePartition`], [`Preparing`]).
 
-use crate::api::{Formats, Lookaheads};
+use crate::api::{Chats, Formats, Lookaheads};
 use crate::worker::Worker;
 use ch10::Engine;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -58,6 +58,8 @@ pub struct Loaded {
     pub formats: Arc<dyn Formats>,
     /// What requests feed ahead ([`ServeArgs::lookaheads`](crate::ServeArgs)).
     pub lookaheads: Arc<dyn Lookaheads>,
+    /// What a chat's conversation and answer become ([`ServeArgs::chats`](crate::ServeArgs)).
+    pub chats: Arc<dyn Chats>,
 }
 
 /// Most bytes of text that `n_ctx` tokens can cover: no token covers more than the longest

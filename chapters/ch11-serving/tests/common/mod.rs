@@ -45,6 +45,7 @@ pub fn args() -> ServeArgs {
         files: std::sync::Arc::new(ch10::GgufFiles),
         formats: std::sync::Arc::new(ch11::TextOnly),
         lookaheads: std::sync::Arc::new(ch11::Predicted),
+        chats: std::sync::Arc::new(ch11::PlainChats),
     }
 }
 

@@ -25,7 +25,7 @@ pub fn built(shapes: &[Shape], id: &str, m: &serde_json::Value) -> PathBuf {
         .unwrap_or_else(|e| panic!("{id}: {e}"));
     recipe.seed = m["seed"].as_u64().expect("seed");
     let path = large::ensure_made(&recipe, &mut |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
-    let sha = shared::sha256_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let sha = sha256_stamped(&path);
     assert_eq!(
         sha,
         s("sha256"),
@@ -35,6 +35,36 @@ pub fn built(shapes: &[Shape], id: &str, m: &serde_json::Value) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The sha256 of `path`, read from the stamp beside it (`FILE.sha256`: size, modification
+/// time, digest) when the file's size and time are still the stamp's, else computed and
+/// stamped. Hashing a cut 8B file takes about 4 s, and each of these files is checked by
+/// several tests in one `cargo test` (both paths, the KV-cache types, chapter 18's): once per
+/// file written is enough, and a file written again gets a new time.
+fn sha256_stamped(path: &std::path::Path) -> String {
+    let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let nanos = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let key = format!("{} {nanos}", meta.len());
+    let stamp = path.with_extension("gguf.sha256");
+    if let Ok(text) = std::fs::read_to_string(&stamp)
+        && let Some((k, sha)) = text.trim().rsplit_once(' ')
+        && k == key
+    {
+        return sha.to_string();
+    }
+    let sha = shared::sha256_file(path).unwrap_or_else(|e| panic!("{e}"));
+    // Written whole or not at all (a test beside this one may read it), and a stamp that
+    // cannot be written only costs the next test the hash.
+    let tmp = stamp.with_extension(format!("sha256.{}", std::process::id()));
+    if std::fs::write(&tmp, format!("{key} {sha}\n")).is_ok() {
+        let _ = std::fs::rename(&tmp, &stamp);
+    }
+    sha
 }
 
 pub fn ids(t: &TensorFile, name: &str) -> Vec<u32> {
@@ -157,6 +187,17 @@ pub fn sample_stride(json: &serde_json::Value) -> usize {
     ) as usize
 }
 
+/// Which models run on the scalar path too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scalar {
+    Every,
+    /// The first model of each file type: the scalar path's kernels are chapter 6's reference
+    /// ones, the same for every model of a type (chapter 8's tests hold the fast kernels to
+    /// them), and the architectures' own parts (biases, norms) run the same code on both
+    /// paths. A full-width scalar run of a 128k-vocabulary model takes about 20 s of a core.
+    OncePerType,
+}
+
 /// Every model of `models` (reference ids and their entries in `large/models.json`), made from
 /// its recipe among `shapes`, against llama.cpp on chapter 6's scalar path and on the engine's
 /// fast one (mapped, repacked), loaded through `archs`; then the near-ties over all of them
@@ -166,10 +207,17 @@ pub fn check_both_paths<'a>(
     models: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
     stride: usize,
     archs: &Architectures,
+    scalar: Scalar,
 ) {
     let mut totals = Totals::default();
+    let mut scalar_types = std::collections::HashSet::new();
     for (id, m) in models {
         let path = built(shapes, id, m);
+        let first_of_type = scalar_types.insert(m["ftype"].as_str().unwrap_or("").to_string());
+        let scalar_too = match scalar {
+            Scalar::Every => true,
+            Scalar::OncePerType => first_of_type,
+        };
         let want =
             TensorFile::open(&format!("large/{id}.safetensors")).unwrap_or_else(|e| panic!("{e}"));
         let prompt = ids(&want, "tokens");
@@ -179,14 +227,16 @@ pub fn check_both_paths<'a>(
         let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
 
         // The scalar path: chapter 6's kernels on the file's rows.
-        let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
-        let scalar = Model::load(&file, &QuantLoader, archs).unwrap_or_else(|e| panic!("{e}"));
-        drop(file);
+        let scalar = scalar_too.then(|| {
+            let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
+            Model::load(&file, &QuantLoader, archs).unwrap_or_else(|e| panic!("{e}"))
+        });
         // The fast path, as the engine loads it: mapped, repacked where the CPU can.
         let fast = FastLoader::new(new_pool(PoolKind::Spin, 2));
         let engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast, archs)
             .unwrap_or_else(|e| panic!("{e}"));
-        for (path_name, model) in [("scalar", &scalar), ("fast", &engine.model)] {
+        let paths = [("scalar", scalar.as_ref()), ("fast", Some(&engine.model))];
+        for (path_name, model) in paths.into_iter().filter_map(|(n, m)| Some((n, m?))) {
             let vocab = model.config.vocab_size;
             assert_eq!(vocab, next.data.len(), "{id}: vocabulary size");
             let ours = model
