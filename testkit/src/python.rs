@@ -49,3 +49,27 @@ pub fn openai() -> (PathBuf, PathBuf) {
     }
     (py, dir)
 }
+
+/// Run the Python `script` with OpenAI's client ([`openai`]) against the server at `base`,
+/// print what it printed, and fail the test unless it exits 0 having printed
+/// `all checks passed` (so a script that stops early cannot pass).
+pub fn run_client(script: &std::path::Path, base: &str) {
+    let (py, path) = openai();
+    let out = Command::new(py)
+        .env("PYTHONPATH", path)
+        .arg(script)
+        .arg(base)
+        .output()
+        .expect("python runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("{stdout}");
+    let name = script.file_name().map_or_else(
+        || script.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    assert!(out.status.success(), "{name} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}

@@ -52,23 +52,7 @@ fn start() -> (testkit::serve::Served, String) {
 
 #[test]
 fn openais_python_client_works() {
-    let (py, path) = testkit::python::openai();
     let (_server, base) = start();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let out = Command::new(py)
-        .env("PYTHONPATH", path)
-        .arg(script)
-        .arg(&base)
-        .output()
-        .expect("python runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "openai_client.py failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    testkit::python::run_client(&script, &base);
 }

@@ -5,7 +5,6 @@
 //! cannot be compiled.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 /// The server loads the model before it is ready; on a busy machine that may take a while.
@@ -13,28 +12,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[test]
 fn openais_client_gets_structured_output() {
-    let (py, path) = testkit::python::openai();
     let (_server, base) = testkit::serve::llm_rs_serve(
         &["--ctx", "1024", "--threads", "2", "--parallel", "2"],
         START_TIMEOUT,
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_client.py");
-    let out = Command::new(py)
-        .env("PYTHONPATH", path)
-        .arg(script)
-        .arg(&base)
-        .output()
-        .expect("python runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "structured_client.py failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    testkit::python::run_client(&script, &base);
 }
 
 /// One HTTP/1.1 exchange over a fresh connection (`Connection: close`): the status and the

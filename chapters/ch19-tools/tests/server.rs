@@ -3,7 +3,6 @@
 //! calls held to `tool_choice` streamed and not, an agent loop, and the 400s.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 /// The server loads the model before it is ready; on a busy machine that may take a while.
@@ -11,26 +10,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[test]
 fn openais_client_calls_tools() {
-    let (py, path) = testkit::python::openai();
     let (_server, base) = testkit::serve::llm_rs_serve(
         &["--ctx", "2048", "--threads", "2", "--parallel", "2"],
         START_TIMEOUT,
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools_client.py");
-    let out = Command::new(py)
-        .env("PYTHONPATH", path)
-        .arg(script)
-        .arg(&base)
-        .output()
-        .expect("python runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "tools_client.py failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    testkit::python::run_client(&script, &base);
 }
