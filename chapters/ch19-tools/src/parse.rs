@@ -155,7 +155,7 @@ impl Parser {
         match self.state {
             State::Content | State::Done => {
                 let rest = std::mem::take(&mut self.buf);
-                self.content(&rest, true);
+                self.content(&rest);
                 if self.calls == 0 {
                     let space = std::mem::take(&mut self.space);
                     self.emit(Delta::Content(space));
@@ -197,7 +197,7 @@ impl Parser {
     }
 
     /// Content text: leading whitespace of a part dropped, trailing whitespace held back.
-    fn content(&mut self, text: &str, _last: bool) {
+    fn content(&mut self, text: &str) {
         self.text(text, false);
     }
 
@@ -278,7 +278,7 @@ impl Parser {
                     Some((at, marker)) => {
                         let before: String = self.buf[..at].to_string();
                         self.buf.drain(..at + marker.len());
-                        self.content(&before, false);
+                        self.content(&before);
                         self.new_part();
                         self.state = self.after_marker(marker);
                         true
@@ -295,7 +295,7 @@ impl Parser {
                         }
                         let before: String = self.buf[..cut].to_string();
                         self.buf.drain(..cut);
-                        self.content(&before, false);
+                        self.content(&before);
                         false
                     }
                 }
@@ -494,7 +494,7 @@ impl Parser {
                     return false;
                 }
                 let rest = std::mem::take(&mut self.buf);
-                self.content(&rest, false);
+                self.content(&rest);
                 false
             }
         }

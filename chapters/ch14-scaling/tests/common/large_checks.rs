@@ -194,7 +194,7 @@ pub enum Scalar {
     /// The first model of each file type: the scalar path's kernels are chapter 6's reference
     /// ones, the same for every model of a type (chapter 8's tests hold the fast kernels to
     /// them), and the architectures' own parts (biases, norms) run the same code on both
-    /// paths. A full-width scalar run of a 128k-vocabulary model takes about 20 s of a core.
+    /// paths. Full-width scalar runs were most of this check's time.
     OncePerType,
 }
 
