@@ -35,6 +35,8 @@ pub struct Shortest {
     /// `(elems)`: from `elems[p]` to the end of its alternative; `u32::MAX` where nothing
     /// finishes (an unproductive rule).
     rest: Vec<u32>,
+    /// `(elems)`: the fewest bytes of the character a class at `elems[p]` matches (0 elsewhere).
+    own: Vec<u32>,
 }
 
 const NEVER: u32 = u32::MAX;
@@ -112,6 +114,7 @@ impl Shortest {
         }
         // Each position's rest: its alternative's elements from there on, summed backwards.
         let mut rest = vec![0u32; elems.len()];
+        let mut own = vec![0u32; elems.len()];
         let mut after = 0u32;
         for p in (0..elems.len()).rev() {
             rest[p] = match elems[p] {
@@ -125,27 +128,37 @@ impl Shortest {
                 }
                 Elem::CharAlt(_) | Elem::CharRngUpper(_) => after,
                 _ => {
-                    after = after.saturating_add(class_bytes(elems, p));
+                    own[p] = class_bytes(elems, p);
+                    after = after.saturating_add(own[p]);
                     after
                 }
             };
         }
-        Some(Shortest { rest })
+        Some(Shortest { rest, own })
     }
 
-    /// The fewest bytes that make the text a whole sentence from `stacks` (and the bytes an
-    /// unfinished character still needs): the least over the stacks of the sum of their
-    /// positions' rests. `u32::MAX` when no stack can finish.
+    /// The fewest bytes that make the text a whole sentence from `stacks`: the least over the
+    /// stacks of the sum of their positions' rests. While a character is unfinished, each
+    /// stack's top is the class it is matching: the bytes it still needs replace that class's
+    /// shortest character (counting both would ask for bytes that never come, and refuse the
+    /// tokens that write a character a byte at a time). `u32::MAX` when no stack can finish.
     pub fn of(&self, stacks: &Stacks, partial: Partial) -> u32 {
         let pending = partial.n_remain.max(0) as u32;
         stacks
             .iter()
             .map(|st| {
-                st.iter()
-                    .fold(0u32, |acc, &p| acc.saturating_add(self.rest[p as usize]))
+                let sum =
+                    (st.iter()).fold(0u32, |acc, &p| acc.saturating_add(self.rest[p as usize]));
+                match st.last() {
+                    _ if sum == NEVER => NEVER,
+                    Some(&top) if pending > 0 => sum
+                        .saturating_sub(self.own[top as usize])
+                        .saturating_add(pending),
+                    _ => sum,
+                }
             })
             .min()
-            .map_or(NEVER, |b| b.saturating_add(pending))
+            .unwrap_or(NEVER)
     }
 
     /// One shortest text that finishes the sentence from `stacks` (no character unfinished):
@@ -277,5 +290,28 @@ item ::= "\"" [a-z]* "\"" | [0-9]+ | "é""#,
         let mut s = Scratch::default();
         let start = g.initial_stacks(&mut s).unwrap();
         assert_eq!(sh.text(&g, &start).unwrap(), b"#x");
+    }
+
+    /// A character written a byte at a time: while it is unfinished, the count is the bytes it
+    /// still needs and what follows it — not its whole length again.
+    #[test]
+    fn an_unfinished_character_counts_only_its_missing_bytes() {
+        let g = grammar(r#"root ::= "<｜a" [é-ï] "b""#);
+        let sh = Shortest::new(&g).unwrap();
+        let mut m = crate::matcher::Matcher::new(g.clone().into()).unwrap();
+        assert_eq!(sh.of(&m.stacks, m.partial), 8);
+        m.accept_bytes(b"<").unwrap();
+        assert_eq!(sh.of(&m.stacks, m.partial), 7);
+        let bar = "｜".as_bytes();
+        m.accept_bytes(&bar[..1]).unwrap();
+        assert_eq!(sh.of(&m.stacks, m.partial), 6);
+        m.accept_bytes(&bar[1..2]).unwrap();
+        assert_eq!(sh.of(&m.stacks, m.partial), 5);
+        m.accept_bytes(&bar[2..]).unwrap();
+        assert_eq!(sh.of(&m.stacks, m.partial), 4);
+        m.accept_bytes(b"a").unwrap();
+        // A class: its shortest character (two bytes), then `b`; one byte of it written.
+        m.accept_bytes(&"ï".as_bytes()[..1]).unwrap();
+        assert_eq!(sh.of(&m.stacks, m.partial), 2);
     }
 }

@@ -538,14 +538,24 @@ impl GrammarRule {
             return;
         };
         let need = sh.of(&self.stacks, self.partial) as usize;
+        // Tokens tried and masked, given back if none fits (else the sampler has a dead end).
+        let (mut tried, mut n_tried) = ([(0usize, 0f32); MAX_BUDGET_TRIES], 0);
         if need < left {
-            for _ in 0..MAX_BUDGET_TRIES {
+            while n_tried < MAX_BUDGET_TRIES {
                 let t = argmax(logits);
-                if logits[t] == f32::NEG_INFINITY || self.allows(t as u32) {
+                if logits[t] == f32::NEG_INFINITY {
+                    break;
+                }
+                if self.allows(t as u32) {
                     return;
                 }
+                tried[n_tried] = (t, logits[t]);
+                n_tried += 1;
                 logits[t] = f32::NEG_INFINITY;
             }
+        }
+        for &(t, l) in &tried[..n_tried] {
+            logits[t] = l;
         }
         if self.partial.n_remain != 0 {
             return; // inside a character: the grammar's mask is all there is
