@@ -76,20 +76,24 @@ fn build(package: &str, target: Target, name: &str, features: &[&str]) -> PathBu
     // that selects the same (the workspace, every package's tests) is the one already made.
     // (An example's name is then looked up across the workspace: no two packages may share
     // one, as they would share its file in `examples/` anyway.)
+    // The variable is read first, when the test runs: `CARGO_PRIMARY_PACKAGE` is fixed when
+    // this crate is compiled, and cargo reuses that build under a command that selects fewer
+    // packages (CI's `-p workspace-hack -p ch10 --features ch10/gpu`, the workbenches'). Built
+    // with `--workspace --tests` there, the program would compile every test of the workspace
+    // again, for a feature only `package` needs.
     let workspace = option_env!("CARGO_PRIMARY_PACKAGE").is_some();
-    if workspace {
-        cmd.args(["--workspace", "--tests"]);
-        if !features.is_empty() {
-            let named: Vec<String> = features.iter().map(|f| format!("{package}/{f}")).collect();
-            cmd.args(["--features", &named.join(",")]);
-        }
-    } else if std::env::var_os(WITH_WORKSPACE_HACK).is_some() {
+    let named = || -> Vec<String> { features.iter().map(|f| format!("{package}/{f}")).collect() };
+    if std::env::var_os(WITH_WORKSPACE_HACK).is_some() {
         // The test's build selected workspace-hack beside `package` (CI does, see
         // workspace-hack/Cargo.toml): select the same, and the dependencies are that build's.
         cmd.args(["-p", "workspace-hack", "-p", package]);
         if !features.is_empty() {
-            let named: Vec<String> = features.iter().map(|f| format!("{package}/{f}")).collect();
-            cmd.args(["--features", &named.join(",")]);
+            cmd.args(["--features", &named().join(",")]);
+        }
+    } else if workspace {
+        cmd.args(["--workspace", "--tests"]);
+        if !features.is_empty() {
+            cmd.args(["--features", &named().join(",")]);
         }
     } else {
         cmd.args(["-p", package]);
