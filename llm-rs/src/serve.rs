@@ -3,7 +3,8 @@
 //! chapter 12's layering (each also from `LLM_RS_<FLAG>` and from the TOML file of
 //! `--config`), into chapter 12's settings ([`ch12::Args`], chapter 11's inside), with chapter
 //! 17's way of opening a path, chapter 15's output forms (a request's `response_format` and
-//! `grammar`) and, with `--spec ngram`, chapter 16's prompt lookup for every request.
+//! `grammar`), chapter 19's tools and its two more APIs (OpenAI's Responses, Anthropic's
+//! Messages) and, with `--spec ngram`, chapter 16's prompt lookup for every request.
 
 use crate::common::Quantize;
 use crate::production_flags::{self, Production, parse_or_exit, run_checked};
@@ -12,7 +13,7 @@ use ch11::Predicted;
 use ch15::Structured;
 use ch16::LookupGuessing;
 use ch16::runner::DRAFT_MAX;
-use ch19::serve::ToolChats;
+use ch19::serve::{Apis, ToolChats};
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -20,15 +21,17 @@ use std::sync::Arc;
 /// Where else a server's flags come from, for its `--help`.
 const SETTINGS_HELP: &str = production_flags::SETTINGS_HELP;
 
-/// Serve GGUF models or Hugging Face directories over HTTP with OpenAI's API: metrics, logs, a
-/// graceful shutdown; requests may ask for JSON or a grammar; --spec ngram guesses tokens
-/// ahead.
+/// Serve GGUF models or Hugging Face directories over HTTP with OpenAI's APIs (chat
+/// completions, completions, responses) and Anthropic's Messages API, tool calls included:
+/// metrics, logs, a graceful shutdown; requests may ask for JSON or a grammar; --spec ngram
+/// guesses tokens ahead.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "llm-rs serve",
-    about = "Serve GGUF models or Hugging Face directories over HTTP with OpenAI's API: \
-             metrics, logs, a graceful shutdown; requests may ask for JSON or a grammar; \
-             --spec ngram guesses tokens ahead.",
+    about = "Serve GGUF models or Hugging Face directories over HTTP with OpenAI's APIs (chat \
+             completions, completions, responses) and Anthropic's Messages API, tool calls \
+             included: metrics, logs, a graceful shutdown; requests may ask for JSON or a \
+             grammar; --spec ngram guesses tokens ahead.",
     long_about = None,
     after_help = SETTINGS_HELP,
     max_term_width = 100
@@ -78,8 +81,9 @@ pub fn serve(rest: Vec<OsString>, archs: Architectures) {
     let mut args = flags.production.args(archs);
     args.serve.files = Arc::new(flags.quantize.files());
     args.serve.formats = Arc::new(Structured::default());
-    // Chapter 19: tools and reasoning in chat requests.
+    // Chapter 19: tools and reasoning in chat requests, and the Responses and Messages APIs.
     args.serve.chats = Arc::new(ToolChats);
+    args.serve.endpoints = Arc::new(Apis);
     // Chapter 16: each request's own prompt lookup, checked in the continuous batch.
     args.serve.lookaheads = match flags.spec {
         ServeSpec::None => Arc::new(Predicted),

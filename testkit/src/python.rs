@@ -1,25 +1,33 @@
-//! Python with OpenAI's official client, for the tests that talk to a server the way a user's
-//! program does.
+//! Python with OpenAI's and Anthropic's official clients, for the tests that talk to a server
+//! the way a user's program does.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The `openai` package the check runs with.
+/// The `openai` package the checks run with.
 pub const OPENAI_VERSION: &str = "3.54.0";
-/// `python3`, and a directory holding `openai` at [`OPENAI_VERSION`] for its `PYTHONPATH`,
-/// installed there with pip if missing (pip is what fetching the model needs already; a
-/// virtual environment would also need Debian's `python3-venv`).
-pub fn openai() -> (PathBuf, PathBuf) {
+/// The `anthropic` package the checks run with.
+pub const ANTHROPIC_VERSION: &str = "2.17.0";
+/// `python3`, and a directory holding `openai` at [`OPENAI_VERSION`] and `anthropic` at
+/// [`ANTHROPIC_VERSION`] for its `PYTHONPATH`, installed there with pip if missing (pip is what
+/// fetching the model needs already; a virtual environment would also need Debian's
+/// `python3-venv`).
+pub fn clients() -> (PathBuf, PathBuf) {
     let dir = shared::cache_dir()
         .unwrap_or_else(|e| panic!("{e}"))
-        .join(format!("openai-{OPENAI_VERSION}"));
+        .join(format!(
+            "openai-{OPENAI_VERSION}-anthropic-{ANTHROPIC_VERSION}"
+        ));
     let py = PathBuf::from("python3");
     let has = || {
         Command::new(&py)
             .env("PYTHONPATH", &dir)
             .args([
                 "-c",
-                &format!("import openai, sys; sys.exit(openai.__version__ != {OPENAI_VERSION:?})"),
+                &format!(
+                    "import anthropic, openai, sys; sys.exit(openai.__version__ != \
+                     {OPENAI_VERSION:?} or anthropic.__version__ != {ANTHROPIC_VERSION:?})"
+                ),
             ])
             .status()
             .is_ok_and(|s| s.success())
@@ -36,25 +44,27 @@ pub fn openai() -> (PathBuf, PathBuf) {
             ])
             .arg(&dir)
             .arg(format!("openai=={OPENAI_VERSION}"))
+            .arg(format!("anthropic=={ANTHROPIC_VERSION}"))
             .status()
-            .unwrap_or_else(|e| panic!("python3 -m pip install openai: {e}"));
+            .unwrap_or_else(|e| panic!("python3 -m pip install openai anthropic: {e}"));
         assert!(
             s.success(),
-            "installing openai {OPENAI_VERSION} with pip failed"
+            "installing openai {OPENAI_VERSION} and anthropic {ANTHROPIC_VERSION} with pip failed"
         );
         assert!(
             has(),
-            "openai {OPENAI_VERSION} is not importable after installing it"
+            "openai {OPENAI_VERSION} or anthropic {ANTHROPIC_VERSION} is not importable after \
+             installing them"
         );
     }
     (py, dir)
 }
 
-/// Run the Python `script` with OpenAI's client ([`openai`]) against the server at `base`,
+/// Run the Python `script` with the clients ([`clients`]) against the server at `base`,
 /// print what it printed, and fail the test unless it exits 0 having printed
 /// `all checks passed` (so a script that stops early cannot pass).
 pub fn run_client(script: &std::path::Path, base: &str) {
-    let (py, path) = openai();
+    let (py, path) = clients();
     let out = Command::new(py)
         .env("PYTHONPATH", path)
         .arg(script)

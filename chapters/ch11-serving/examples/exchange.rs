@@ -68,9 +68,14 @@ fn main() -> Result<(), Box<dyn Error>> {
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = runtime.spawn(ch11::server::serve(listener, Arc::clone(&state), async {
-        let _ = stopped.await;
-    }));
+    let server = runtime.spawn(ch11::server::serve(
+        listener,
+        Arc::clone(&state),
+        Arc::clone(&args.endpoints),
+        async {
+            let _ = stopped.await;
+        },
+    ));
 
     let client = Client::new();
     let body = if cli.stream { STREAMED } else { CHAT };

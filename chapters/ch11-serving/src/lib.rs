@@ -88,6 +88,9 @@ pub struct ServeArgs {
     /// What a chat's conversation and answer become: chapter 2's messages and all content
     /// ([`PlainChats`]), unless a later chapter hands in more (tool calls, reasoning).
     pub chats: Arc<dyn Chats>,
+    /// The endpoints that generate: OpenAI's two ([`server::OpenAi`]), unless a later chapter
+    /// hands in more (another API's).
+    pub endpoints: Arc<dyn server::Endpoints>,
 }
 // ANCHOR_END: args
 
@@ -116,6 +119,7 @@ impl Default for ServeArgs {
             formats: Arc::new(TextOnly),
             lookaheads: Arc::new(Predicted),
             chats: Arc::new(PlainChats),
+            endpoints: Arc::new(server::OpenAi),
         }
     }
 }
@@ -277,7 +281,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Box<dyn Error>> {
         let ctrl_c = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        server::serve(listener, state, ctrl_c).await?;
+        server::serve(listener, state, Arc::clone(&args.endpoints), ctrl_c).await?;
         Ok(())
     })
 }

@@ -51,6 +51,8 @@ pub const REQUEST_ID: &str = "x-request-id";
 pub const MAX_REQUEST_ID: usize = 128;
 /// The test-only header that plants a fault (with `--fault-injection`).
 pub const FAULT_HEADER: &str = "x-fault";
+/// The header Anthropic's clients send their key in (OpenAI's send `Authorization`).
+pub const X_API_KEY: &str = "x-api-key";
 
 /// One model served: a chapter 11 server of its own.
 pub struct Variant {
@@ -189,6 +191,9 @@ pub struct App {
     pub max_connections: usize,
     /// The API keys, their tenants and limits; none, and every request is let in.
     pub keys: Arc<Keys>,
+    /// The paths of the endpoints that generate: chapter 11's, or those a later chapter handed
+    /// in (the first variant's; every variant is made from the same flags).
+    pub generating: Vec<&'static str>,
 }
 
 impl App {
@@ -202,14 +207,14 @@ impl App {
         keys: Keys,
     ) -> App {
         let [body_timeout, header_timeout, idle_timeout, drain_timeout] = timeouts;
-        let variants = variants
+        let variants: Vec<Variant> = variants
             .into_iter()
             .map(|(name, mut args)| {
                 if faults {
                     args.formats = Arc::new(Stalling(args.formats));
                 }
                 let state = AppState::new(args.limits());
-                let router = finish(ch11::server::routes(), Arc::clone(&state));
+                let router = finish(ch11::server::routes(&*args.endpoints), Arc::clone(&state));
                 Variant {
                     name,
                     args,
@@ -220,7 +225,14 @@ impl App {
             .collect();
         let metrics = Metrics::new();
         keys.register(&metrics.registry);
+        let generating: Vec<&'static str> = (variants.first())
+            .map(|v| v.args.endpoints.routes())
+            .into_iter()
+            .flatten()
+            .map(|(path, _)| path)
+            .collect();
         App {
+            generating,
             variants,
             split_b,
             metrics,
@@ -323,9 +335,9 @@ impl App {
 
     /// The routes, with the request layer in front.
     pub fn router(self: &Arc<App>) -> Router {
-        let routes = Router::new()
-            .route("/v1/chat/completions", post(generation))
-            .route("/v1/completions", post(generation))
+        let generating = self.generating.iter();
+        let routes = generating
+            .fold(Router::new(), |r, path| r.route(path, post(generation)))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/ready", get(ready))
@@ -337,6 +349,10 @@ impl App {
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(self),
                 authorize,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(self),
+                in_the_apis_shape,
             ))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(self),
@@ -361,16 +377,11 @@ struct Answered(&'static str);
 
 /// The endpoint label of a path: the routes by name, everything else `other`, so that no
 /// client can create series at will.
-fn endpoint(path: &str) -> &'static str {
-    const KNOWN: [&str; 6] = [
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/models",
-        "/health",
-        "/ready",
-        "/metrics",
-    ];
-    KNOWN.into_iter().find(|k| *k == path).unwrap_or("other")
+fn endpoint(app: &App, path: &str) -> &'static str {
+    const PROBES: [&str; 4] = ["/v1/models", "/health", "/ready", "/metrics"];
+    (app.generating.iter().copied().chain(PROBES))
+        .find(|k| *k == path)
+        .unwrap_or("other")
 }
 
 // ANCHOR: request_id
@@ -403,7 +414,7 @@ fn request_id(req: &Request) -> String {
 async fn each_request(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = request_id(&req);
-    let endpoint = endpoint(req.uri().path());
+    let endpoint = endpoint(&app, req.uri().path());
     let span = tracing::info_span!(
         "request",
         id = %id,
@@ -481,6 +492,29 @@ pub(crate) fn keep_until_sent<G: Send + Sync + 'static>(response: Response, guar
     Response::from_parts(parts, Body::new(body))
 }
 
+/// An error answered in front of an endpoint that generates — a missing key, an unknown model,
+/// a body too slow — in its API's shape ([`Endpoints::error`](ch11::server::Endpoints::error)):
+/// this server's own are OpenAI's.
+async fn in_the_apis_shape(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let response = next.run(req).await;
+    if response.status().is_success() || !app.generating.contains(&path.as_str()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Errors are small: one that is not is passed on as it is (its length cut to the limit).
+    let bytes = axum::body::to_bytes(body, 1 << 16)
+        .await
+        .unwrap_or_default();
+    let Ok(error) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let endpoints = &app.variants[0].args.endpoints;
+    let shaped = endpoints.error(&path, parts.status.as_u16(), error);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(shaped.to_string()))
+}
+
 // ANCHOR: authorize
 /// With API keys, a request to `/v1/` must carry one ([`Keys::admit`]): it then runs as its
 /// key's partition of the prefix cache ([`CachePartition`](ch11::CachePartition)), holding a
@@ -493,11 +527,20 @@ async fn authorize(State(app): State<Arc<App>>, mut req: Request, next: Next) ->
         .extensions()
         .get::<RequestLabel>()
         .map_or_else(String::new, |l| l.0.to_string());
-    let authorization = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let (tenant, admitted) = match app.keys.admit(authorization, &label) {
+    // OpenAI's clients send `Authorization: Bearer KEY`; Anthropic's, `x-api-key: KEY`.
+    fn text(v: Option<&HeaderValue>) -> Option<&str> {
+        v.and_then(|v| v.to_str().ok())
+    }
+    let headers = req.headers();
+    let presented = (
+        text(headers.get(header::AUTHORIZATION)),
+        text(headers.get(X_API_KEY)),
+    );
+    let authorization = match presented {
+        (None, Some(key)) => Some(format!("Bearer {key}")),
+        (a, _) => a.map(str::to_string),
+    };
+    let (tenant, admitted) = match app.keys.admit(authorization.as_deref(), &label) {
         Ok(a) => a,
         Err(refused) => return refused.into_error().into_response(),
     };

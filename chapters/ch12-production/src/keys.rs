@@ -2,7 +2,7 @@
 //!
 //! Without keys anyone who can reach the port can use the server. With them (`--api-key`, once
 //! per key, or a file of keys with `--api-keys`), every request to `/v1/…` must carry one, as
-//! OpenAI's clients send it: `Authorization: Bearer KEY`. A missing or wrong key is a 401 in
+//! OpenAI's clients send it, `Authorization: Bearer KEY` (or as Anthropic's do, `x-api-key: KEY`). A missing or wrong key is a 401 in
 //! OpenAI's shape; `/health`, `/ready` and `/metrics` stay open for the orchestrator and the
 //! scraper.
 //!
@@ -440,7 +440,7 @@ impl Refused {
                 ..ApiError::new(
                     401,
                     "invalid_request_error",
-                    "a valid API key is needed: send it as Authorization: Bearer KEY",
+                    "a valid API key is needed: send it as Authorization: Bearer KEY (or x-api-key: KEY)",
                 )
             },
             Refused::Limited(what, wait) => ApiError {

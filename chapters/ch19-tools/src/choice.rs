@@ -4,7 +4,7 @@
 //! lazy grammar, [`Lazy`](crate::lazy::Lazy)).
 
 use crate::conversation::{FieldError, Tool, shorten};
-use crate::format::{Calls, Format};
+use crate::format::{Calls, Format, deepseek};
 use crate::lazy::{LazyGrammar, Trigger};
 use ch04::MakeRule;
 use ch15::schema::{Strictness, convert_text};
@@ -108,9 +108,7 @@ pub fn rule(
         return Ok(None);
     }
     let parallel = parallel && !matches!(choice, ToolChoice::Named(_));
-    let Some(calls) = calls_grammar(format, &chosen, parallel)? else {
-        return Ok(None);
-    };
+    let calls = calls_grammar(format, &chosen, parallel)?;
     let lazy = *choice == ToolChoice::Auto;
     let root = if lazy {
         "root ::= calls\n".to_string()
@@ -143,7 +141,7 @@ pub fn rule(
             Calls::Tagged { open, .. } => Trigger::Word(open),
             Calls::Listed { marker } => Trigger::Word(marker),
             Calls::Bare => Trigger::Start("{"),
-            Calls::DeepSeek => return Ok(None),
+            Calls::DeepSeek => Trigger::Word(deepseek::CALLS_BEGIN),
         };
         Ok(Some(Arc::new(LazyGrammar::new(trigger, constraint))))
     } else {
@@ -151,19 +149,18 @@ pub fn rule(
     }
 }
 
-/// The GBNF of a turn's calls in `format` (rule `calls`, and the rules it uses), or `None`
-/// for a format without one here (DeepSeek R1's: its calls are parsed, not held). Each tool's
+/// The GBNF of a turn's calls in `format` (rule `calls`, and the rules it uses). Each tool's
 /// call is converted on its own, its rules prefixed with the tool's number, so that one tool's
 /// `$defs` cannot meet another's; `call` is any of them.
-fn calls_grammar(
-    format: Format,
-    tools: &[&Tool],
-    parallel: bool,
-) -> Result<Option<String>, FieldError> {
+fn calls_grammar(format: Format, tools: &[&Tool], parallel: bool) -> Result<String, FieldError> {
     let mut rules = String::new();
     let mut alternatives = Vec::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
-        let schema = call_schema(format, t);
+        // DeepSeek R1 writes the name outside the JSON: its arguments are the object.
+        let schema = match format.calls {
+            Calls::DeepSeek => t.parameters.clone(),
+            _ => call_schema(format, t),
+        };
         let converted = convert_text(&schema, Strictness::Strict)
             .or_else(|_| convert_text(&schema, Strictness::LikeLlamaCpp))
             .map_err(|e| {
@@ -178,7 +175,16 @@ fn calls_grammar(
             })?;
         let prefix = format!("t{i}");
         rules.push_str(&prefix_rules(&converted.grammar, &prefix));
-        alternatives.push(format!("{prefix}-root"));
+        alternatives.push(match format.calls {
+            Calls::DeepSeek => format!(
+                "{} \"function\" {} {} \"\\n```json\\n\" {prefix}-root \"\\n```\" {}",
+                gbnf_literal(deepseek::CALL_BEGIN),
+                gbnf_literal(deepseek::SEP),
+                gbnf_literal(&t.name),
+                gbnf_literal(deepseek::CALL_END)
+            ),
+            _ => format!("{prefix}-root"),
+        });
     }
     let call = format!("call ::= {}\n", alternatives.join(" | "));
     let calls = match format.calls {
@@ -202,9 +208,16 @@ fn calls_grammar(
             )
         }
         Calls::Bare => "calls ::= call\n".to_string(),
-        Calls::DeepSeek => return Ok(None),
+        Calls::DeepSeek => {
+            let more = if parallel { " call*" } else { "" };
+            format!(
+                "calls ::= {} call{more} {}\n",
+                gbnf_literal(deepseek::CALLS_BEGIN),
+                gbnf_literal(deepseek::CALLS_END)
+            )
+        }
     };
-    Ok(Some(calls + &call + &rules))
+    Ok(calls + &call + &rules)
 }
 
 /// The JSON Schema of one call of `t` in `format`: its name a `const`, its parameters as the
@@ -337,9 +350,7 @@ mod tests {
             description: String::new(),
             parameters: "{}".into(),
         };
-        let text = calls_grammar(crate::format::HERMES, &[&flat, &tree], false)
-            .unwrap()
-            .expect("a grammar");
+        let text = calls_grammar(crate::format::HERMES, &[&flat, &tree], false).unwrap();
         let g = ch15::Grammar::parse(&format!("root ::= calls\n{text}"), "root")
             .unwrap_or_else(|e| panic!("{e}\n{text}"));
         let call = r#"<tool_call>{"name": "tree", "arguments": {"root": {"label": "a", "kids": [{"label": "b"}]}}}</tool_call>"#;
@@ -347,5 +358,32 @@ mod tests {
         assert!(g.matches(br#"<tool_call>{"name": "flat", "arguments": {}}</tool_call>"#));
         let too_long = call.replace("\"b\"", "\"abcdefghi\"");
         assert!(!g.matches(too_long.as_bytes()));
+    }
+
+    #[test]
+    fn deepseeks_calls_name_the_function_outside_the_json() {
+        let tool = Tool {
+            name: "get_weather".into(),
+            description: String::new(),
+            parameters: r#"{"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"], "additionalProperties": false}"#
+                .into(),
+        };
+        let text = calls_grammar(crate::format::DEEPSEEK_R1, &[&tool], true).unwrap();
+        let g = ch15::Grammar::parse(&format!("root ::= calls\n{text}"), "root")
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let call = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n\
+                    {\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>";
+        let calls = |n: usize| {
+            format!(
+                "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+                call.repeat(n)
+            )
+        };
+        assert!(g.matches(calls(1).as_bytes()), "{}\n{text}", calls(1));
+        assert!(g.matches(calls(2).as_bytes()), "two calls, parallel");
+        assert!(!g.matches(calls(0).as_bytes()), "no call");
+        assert!(!g.matches(calls(1).replace("get_weather", "launch").as_bytes()));
+        assert!(!g.matches(calls(1).replace("Paris", "\"").as_bytes()));
     }
 }

@@ -11,13 +11,18 @@
 //! - [`choice`]: `tool_choice`, and the grammar of a turn's calls.
 //! - [`lazy`]: a grammar that starts when the model opens a call.
 //! - [`request`]: a chat request with tools, end to end ([`Tooled`](request::Tooled)).
+//! - [`relay`], [`responses`], [`messages`]: OpenAI's Responses API and Anthropic's Messages
+//!   API as chat requests, and the chat's answers as theirs.
 
 pub mod choice;
 pub mod conversation;
 pub mod format;
 pub mod generic;
 pub mod lazy;
+pub mod messages;
 pub mod parse;
+pub mod relay;
 pub mod request;
+pub mod responses;
 #[cfg(feature = "serve")]
 pub mod serve;

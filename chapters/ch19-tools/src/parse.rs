@@ -559,6 +559,11 @@ fn held_prefix(text: &str, markers: &[&str]) -> usize {
 }
 // ANCHOR_END: held_prefix
 
+/// `n` letters and digits, for an id (a message's, a response's).
+pub fn random_id(n: usize) -> String {
+    IdMaker::new(false).letters(n)
+}
+
 /// Call ids: `call_` and 24 letters and digits as OpenAI writes them, or nine (Mistral's
 /// templates require nine), from a splitmix64 stream seeded by the clock and a counter.
 #[derive(Debug)]
@@ -581,9 +586,13 @@ impl IdMaker {
     }
 
     fn next(&mut self) -> String {
+        let (prefix, n) = if self.nine { ("", 9) } else { ("call_", 24) };
+        prefix.to_string() + &self.letters(n)
+    }
+
+    fn letters(&mut self, n: usize) -> String {
         const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-        let n = if self.nine { 9 } else { 24 };
-        let mut id = String::from(if self.nine { "" } else { "call_" });
+        let mut id = String::with_capacity(n);
         for _ in 0..n {
             self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
             let mut z = self.state;

@@ -10,6 +10,7 @@ use ch04::Architectures;
 use ch05::{CacheTypes, RowType};
 use ch06::cache::cache_row_type;
 use ch10::GgufFiles;
+use ch11::server::OpenAi;
 use ch11::{PlainChats, Predicted, ServeArgs, TextOnly};
 use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
@@ -100,6 +101,7 @@ impl Server {
             formats: std::sync::Arc::new(TextOnly),
             lookaheads: std::sync::Arc::new(Predicted),
             chats: std::sync::Arc::new(PlainChats),
+            endpoints: std::sync::Arc::new(OpenAi),
         }
     }
 }

@@ -195,10 +195,7 @@ impl ApiError {
         ApiError::new(
             404,
             "invalid_request_error",
-            format!(
-                "no endpoint {}; this server has /v1/chat/completions, /v1/completions, /v1/models and /health",
-                echo(path)
-            ),
+            format!("no endpoint {} on this server", echo(path)),
         )
     }
 

@@ -122,8 +122,9 @@ fn check_model(l: &Loaded, asked: Option<&str>) -> Result<(), ApiError> {
 }
 
 // ANCHOR: chat
-/// `POST /v1/chat/completions`.
-pub(super) async fn chat(
+/// `POST /v1/chat/completions`. (Public, with [`completions`], for a later chapter's
+/// endpoints that answer through it.)
+pub async fn chat(
     State(s): State<Arc<AppState>>,
     label: Option<Extension<RequestLabel>>,
     partition: Option<Extension<CachePartition>>,
@@ -209,7 +210,7 @@ pub(super) async fn chat(
 
 /// `POST /v1/completions`. The prompt is the client's whole text, as in llama-server: special
 /// tokens written in it are parsed (there is no template whose markers to protect).
-pub(super) async fn completions(
+pub async fn completions(
     State(s): State<Arc<AppState>>,
     label: Option<Extension<RequestLabel>>,
     partition: Option<Extension<CachePartition>>,

@@ -21,7 +21,7 @@ mod state;
 mod stream;
 
 pub use admit::declared_length;
-pub use handlers::{is_length_limit, model_card};
+pub use handlers::{chat, completions, is_length_limit, model_card};
 pub use state::{
     AppState, CachePartition, Limits, Loaded, Preparing, RequestLabel, body_limit_for,
     max_text_bytes,
@@ -33,22 +33,53 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use handlers::{chat, completions, health, models};
+use axum::routing::{MethodRouter, get, post};
+use handlers::{health, models};
 use std::sync::Arc;
 
-// ANCHOR: router
-/// The routes: OpenAI's, llama-server's `/health`, and OpenAI errors for everything else.
-pub fn router(state: Arc<AppState>) -> Router {
-    finish(routes().route("/health", get(health)), state)
+// ANCHOR: endpoints
+/// The endpoints that generate, each a path and its handler: this chapter's [`OpenAi`], or
+/// more that a later chapter hands in (another API's, say, answered through these). The server
+/// holds one value of this ([`ServeArgs::endpoints`](crate::ServeArgs::endpoints)); a router in
+/// front of it (chapter 12's) sends requests to the same paths.
+pub trait Endpoints: Send + Sync + std::fmt::Debug {
+    fn routes(&self) -> Vec<(&'static str, MethodRouter<Arc<AppState>>)>;
+
+    /// An error answered at endpoint `path` before its handler ran, by a layer in front of
+    /// the routes (a missing key, say), whose `body` is OpenAI's, in the shape of the API the
+    /// endpoint speaks: OpenAI's as it is.
+    fn error(&self, _path: &str, _status: u16, body: serde_json::Value) -> serde_json::Value {
+        body
+    }
 }
 
-/// OpenAI's routes, without a state yet: [`router`] adds `/health`; a bigger server adds its
-/// own.
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
+/// OpenAI's two: chat completions and text completions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenAi;
+
+impl Endpoints for OpenAi {
+    fn routes(&self) -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+        vec![
+            ("/v1/chat/completions", post(chat)),
+            ("/v1/completions", post(completions)),
+        ]
+    }
+}
+// ANCHOR_END: endpoints
+
+// ANCHOR: router
+/// The routes: the endpoints, `/v1/models`, llama-server's `/health`, and OpenAI errors for
+/// everything else.
+pub fn router(state: Arc<AppState>, endpoints: &dyn Endpoints) -> Router {
+    finish(routes(endpoints).route("/health", get(health)), state)
+}
+
+/// The `endpoints` and `/v1/models`, without a state yet: [`router`] adds `/health`; a bigger
+/// server adds its own.
+pub fn routes(endpoints: &dyn Endpoints) -> Router<Arc<AppState>> {
+    let routes = endpoints.routes().into_iter();
+    routes
+        .fold(Router::new(), |r, (path, handler)| r.route(path, handler))
         .route("/v1/models", get(models))
 }
 
@@ -94,13 +125,14 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
     ApiError::wrong_method(method.as_str(), uri.path())
 }
 
-/// `axum::serve` on `listener` until `shutdown` completes.
+/// `axum::serve` of the `endpoints` on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
+    endpoints: Arc<dyn Endpoints>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    axum::serve(listener, router(state, &*endpoints))
         .with_graceful_shutdown(shutdown)
         .await
 }

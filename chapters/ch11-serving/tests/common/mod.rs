@@ -46,6 +46,7 @@ pub fn args() -> ServeArgs {
         formats: std::sync::Arc::new(ch11::TextOnly),
         lookaheads: std::sync::Arc::new(ch11::Predicted),
         chats: std::sync::Arc::new(ch11::PlainChats),
+        endpoints: std::sync::Arc::new(ch11::server::OpenAi),
     }
 }
 
@@ -91,9 +92,14 @@ pub fn serve(state: Arc<AppState>) -> String {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            ch11::server::serve(listener, state, std::future::pending())
-                .await
-                .unwrap();
+            ch11::server::serve(
+                listener,
+                state,
+                Arc::new(ch11::server::OpenAi),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
         });
     });
     format!("http://{}", rx.recv().unwrap())
