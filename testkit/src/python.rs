@@ -60,9 +60,10 @@ pub fn clients() -> (PathBuf, PathBuf) {
     (py, dir)
 }
 
-/// Run the Python `script` with the clients ([`clients`]) against the server at `base`,
-/// print what it printed, and fail the test unless it exits 0 having printed
-/// `all checks passed` (so a script that stops early cannot pass).
+/// Run the Python `script` with the clients ([`clients`]) against the server at `base`, which
+/// is ready (its model loaded: the caller waited for it), print what it printed, and fail the
+/// test unless it exits 0 having printed `all checks passed` (so a script that stops early
+/// cannot pass).
 pub fn run_client(script: &std::path::Path, base: &str) {
     let (py, path) = clients();
     let out = Command::new(py)
