@@ -7,7 +7,7 @@
 use crate::conversation::FieldError;
 use crate::relay::{
     ChatAnswer, ChatBody, ChatFunction, ChatTool, ChunkPart, Event, JsonSchemaFormat, NamedSchema,
-    Relay, Usage, chunk_parts, field, fields, name_model, read, text_content,
+    Relay, Usage, chunk_parts, field, fields, name_model, read, renamed, text_content,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -41,6 +41,12 @@ pub const FIELDS: [&str; 21] = [
     "user_profile_id",
     "workspace_id",
     "cache_control",
+];
+
+/// The chat's fields that are named otherwise here, for errors about them.
+const RENAMED: [(&str, &str); 2] = [
+    ("stop", "stop_sequences"),
+    ("response_format", "output_config"),
 ];
 
 #[derive(Deserialize)]
@@ -542,10 +548,9 @@ impl Relay for Messages {
     }
 
     fn error(&self, status: u16, error: &Value) -> Value {
-        let message = error["error"]["message"]
-            .as_str()
-            .unwrap_or("the request failed");
-        error_body(status, message)
+        let error = renamed(error, &RENAMED);
+        let message = error["error"]["message"].as_str();
+        error_body(status, message.unwrap_or("the request failed"))
     }
 }
 

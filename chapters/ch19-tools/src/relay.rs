@@ -163,6 +163,23 @@ pub fn text_content(
     Ok(Value::Array(out))
 }
 
+/// An error of the chat path (OpenAI's body) about the chat request's fields, told in the
+/// names of the API's request: each `(chat's, API's)` pair of `names` renamed in its `param` and
+/// in its message (where it is quoted: `` `max_tokens` ``).
+pub fn renamed(error: &Value, names: &[(&str, &str)]) -> Value {
+    let mut e = error.clone();
+    for &(ours, theirs) in names {
+        if e["error"]["param"] == ours {
+            e["error"]["param"] = theirs.into();
+        }
+        if let Some(m) = e["error"]["message"].as_str() {
+            let m = m.replace(&format!("`{ours}`"), &format!("`{theirs}`"));
+            e["error"]["message"] = m.into();
+        }
+    }
+    e
+}
+
 /// The model the chat answered with (its answer's or chunk's `model`), where the client named
 /// none.
 pub fn name_model(model: &mut String, chat: &Value) {

@@ -8,7 +8,7 @@
 use crate::conversation::FieldError;
 use crate::relay::{
     ChatAnswer, ChatBody, ChatFunction, ChatTool, ChunkPart, Event, JsonSchemaFormat, NamedSchema,
-    Relay, Usage, chunk_parts, field, fields, name_model, read, text_content,
+    Relay, Usage, chunk_parts, field, fields, name_model, read, renamed, text_content,
 };
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -41,6 +41,12 @@ pub const FIELDS: [&str; 22] = [
     "include",
     "truncation",
     "stream_options",
+];
+
+/// The chat's fields that are named otherwise here, for errors about them.
+const RENAMED: [(&str, &str); 2] = [
+    ("max_tokens", "max_output_tokens"),
+    ("response_format", "text"),
 ];
 
 /// The text parts a message item may hold.
@@ -633,7 +639,7 @@ impl Relay for Responses {
     }
 
     fn error(&self, _status: u16, error: &Value) -> Value {
-        error.clone()
+        renamed(error, &RENAMED)
     }
 }
 
@@ -750,5 +756,17 @@ mod tests {
         assert_eq!(done["output"][0]["content"][0]["text"], "Sure.");
         assert_eq!(done["output"][1]["call_id"], "call_1");
         assert_eq!(done["usage"]["total_tokens"], 17);
+    }
+
+    #[test]
+    fn errors_name_the_fields_as_the_request_did() {
+        let chat = json!({"error": {"message": "`max_tokens` is 0; it must be at least 1",
+                                    "param": "max_tokens", "type": "invalid_request_error"}});
+        let e = Responses::new("1", "m", 0, Echo::default()).error(400, &chat);
+        assert_eq!(e["error"]["param"], "max_output_tokens");
+        assert_eq!(
+            e["error"]["message"],
+            "`max_output_tokens` is 0; it must be at least 1"
+        );
     }
 }
