@@ -83,7 +83,7 @@ pub fn serve(rest: Vec<OsString>, archs: Architectures) {
     args.serve.formats = Arc::new(Structured::default());
     // Chapter 19: tools and reasoning in chat requests, and the Responses and Messages APIs.
     args.serve.chats = Arc::new(ToolChats);
-    args.serve.endpoints = Arc::new(Apis);
+    args.serve.endpoints = Arc::new(Apis::default());
     // Chapter 16: each request's own prompt lookup, checked in the continuous batch.
     args.serve.lookaheads = match flags.spec {
         ServeSpec::None => Arc::new(Predicted),

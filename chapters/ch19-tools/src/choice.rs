@@ -140,7 +140,9 @@ pub fn rule(
         let trigger = match format.calls {
             Calls::Tagged { open, .. } => Trigger::Word(open),
             Calls::Listed { marker } => Trigger::Word(marker),
-            Calls::Bare => Trigger::Start("{"),
+            // The tag is a control token: chapter 15 sees no text in it, so the call's `{` is
+            // still the first it sees.
+            Calls::Bare { .. } => Trigger::Start("{"),
             Calls::DeepSeek => Trigger::Word(deepseek::CALLS_BEGIN),
         };
         Ok(Some(Arc::new(LazyGrammar::new(trigger, constraint))))
@@ -207,7 +209,7 @@ fn calls_grammar(format: Format, tools: &[&Tool], parallel: bool) -> Result<Stri
                 gbnf_literal(marker)
             )
         }
-        Calls::Bare => "calls ::= call\n".to_string(),
+        Calls::Bare { .. } => "calls ::= call\n".to_string(),
         Calls::DeepSeek => {
             let more = if parallel { " call*" } else { "" };
             format!(

@@ -18,8 +18,10 @@ pub enum Calls {
     /// `{"name": …, "arguments": {…}, "id": …}`: Mistral's `[TOOL_CALLS]`.
     Listed { marker: &'static str },
     /// The whole answer one JSON object `{"name": …, "parameters": {…}}`: Llama 3.x's custom
-    /// tools (one call per turn).
-    Bare,
+    /// tools (one call per turn). Told `Environment: ipython`, the model may write `tag` first
+    /// (`<|python_tag|>`), and writes a built-in tool's call in Python's form after it:
+    /// `<|python_tag|>brave_search.call(query="…")`.
+    Bare { tag: &'static str },
     /// DeepSeek R1's: `<｜tool▁calls▁begin｜>`, then per call `<｜tool▁call▁begin｜>function
     /// <｜tool▁sep｜>NAME` and the arguments in a ```` ```json ```` block, `<｜tool▁call▁end｜>`.
     DeepSeek,
@@ -73,7 +75,9 @@ pub const MISTRAL: Format = Format {
 
 pub const LLAMA3: Format = Format {
     name: "llama3",
-    calls: Calls::Bare,
+    calls: Calls::Bare {
+        tag: "<|python_tag|>",
+    },
     arguments_key: "parameters",
     think: None,
     describe_tools: false,

@@ -88,6 +88,9 @@ enum State {
     DsBetween,
     DsHead,
     DsTail,
+    /// Llama 3.x: after `<|python_tag|>`, the JSON call, or a built-in tool's call in Python's
+    /// form, read once the answer has ended ([`builtin_call`]).
+    Builtin,
     /// Text after the last call that is not a call: kept as content.
     Done,
 }
@@ -245,7 +248,7 @@ impl Parser {
                 Calls::Tagged { open, .. } => m.push(open),
                 Calls::Listed { marker } => m.push(marker),
                 Calls::DeepSeek => m.push(deepseek::CALLS_BEGIN),
-                Calls::Bare => {}
+                Calls::Bare { .. } => {}
             }
         }
         m
@@ -255,21 +258,30 @@ impl Parser {
     fn step(&mut self, ended: bool) -> bool {
         match &mut self.state {
             State::Content => {
-                // Llama 3.x: a call is the whole answer, so it begins with its `{`.
-                if self.options.calls && self.format.calls == Calls::Bare && self.at_start {
+                // Llama 3.x: a call is the whole answer, so it begins with its `{`, or with
+                // the tag.
+                if self.options.calls
+                    && let Calls::Bare { tag } = self.format.calls
+                    && self.at_start
+                {
                     let t = self.buf.trim_start();
-                    if t.is_empty() {
+                    if t.is_empty() || (!ended && t.len() < tag.len() && tag.starts_with(t)) {
                         return false;
                     }
-                    self.at_start = false;
+                    let skip = self.buf.len() - t.len();
                     if t.starts_with('{') {
-                        let skip = self.buf.len() - t.len();
+                        self.at_start = false;
                         self.buf.drain(..skip);
                         self.state = State::Object(
                             Box::new(ObjectScan::new(self.format.arguments_key)),
                             After::Bare,
                         );
-                        return true;
+                    } else if t.starts_with(tag) {
+                        self.at_start = false;
+                        self.buf.drain(..skip + tag.len());
+                        self.state = State::Builtin;
+                    } else {
+                        self.at_start = false;
                     }
                     return true;
                 }
@@ -489,6 +501,33 @@ impl Parser {
                     true
                 }
             }
+            State::Builtin => {
+                let t = self.buf.trim_start();
+                if t.starts_with('{') {
+                    // The JSON call after all, with the tag in front.
+                    let skip = self.buf.len() - t.len();
+                    self.buf.drain(..skip);
+                    self.state = State::Object(
+                        Box::new(ObjectScan::new(self.format.arguments_key)),
+                        After::Bare,
+                    );
+                    return true;
+                }
+                if !ended {
+                    return false;
+                }
+                let text = std::mem::take(&mut self.buf);
+                match builtin_call(&text) {
+                    Some((name, arguments)) => {
+                        self.scan_event(ScanEvent::Start { name, id: None });
+                        self.scan_event(ScanEvent::Arguments(arguments));
+                        self.new_part();
+                    }
+                    None => self.content(&text),
+                }
+                self.state = State::Done;
+                true
+            }
             State::Done => {
                 if self.buf.is_empty() {
                     return false;
@@ -511,7 +550,7 @@ impl Parser {
             ),
             Calls::Listed { .. } => State::ListOpen,
             Calls::DeepSeek => State::DsBetween,
-            Calls::Bare => State::Content,
+            Calls::Bare { .. } => State::Content,
         }
     }
 
@@ -528,6 +567,55 @@ impl Parser {
                 self.emit(Delta::Arguments { index, text });
             }
         }
+    }
+}
+
+/// A built-in tool's call as Llama 3.x writes it after `<|python_tag|>`:
+/// `NAME.call(ARG=VALUE, …)`, each value JSON. Its name, and its arguments as a JSON object
+/// (the values' text as written); `None` if `text` is not one such call.
+fn builtin_call(text: &str) -> Option<(String, String)> {
+    let text = text.trim();
+    let open = text.find(".call(")?;
+    let name = &text[..open];
+    crate::conversation::check_name(name).ok()?;
+    let mut rest = &text[open + ".call(".len()..];
+    let mut arguments = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if let Some(end) = rest.strip_prefix(')') {
+            return end.trim().is_empty().then(|| {
+                let fields: Vec<String> = (arguments.iter())
+                    .map(|(k, v)| format!("{}: {v}", serde_json::to_string(k).expect("a str")))
+                    .collect();
+                (name.to_string(), format!("{{{}}}", fields.join(", ")))
+            });
+        }
+        if !arguments.is_empty() {
+            rest = rest.strip_prefix(',')?.trim_start();
+        }
+        let eq = rest.find('=')?;
+        let key = rest[..eq].trim();
+        let identifier = !key.is_empty()
+            && (key.bytes()).all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !key.as_bytes()[0].is_ascii_digit();
+        if !identifier {
+            return None;
+        }
+        let value_text = rest[eq + 1..].trim_start();
+        // A string, object or list ends itself; a number, `true`, `false` or `null` ends at
+        // the next `,` or `)`.
+        let end = if value_text.starts_with(['"', '{', '[']) {
+            let mut values = serde_json::Deserializer::from_str(value_text)
+                .into_iter::<&serde_json::value::RawValue>();
+            values.next()?.ok()?;
+            values.byte_offset()
+        } else {
+            value_text.find([',', ')'])?
+        };
+        let value = value_text[..end].trim();
+        serde_json::from_str::<&serde_json::value::RawValue>(value).ok()?;
+        arguments.push((key, value));
+        rest = &value_text[end..];
     }
 }
 
@@ -990,7 +1078,7 @@ mod tests {
     }
 
     #[test]
-    fn a_llama_3_call_is_the_whole_answer() {
+    fn a_llama_3_call_is_the_whole_answer_after_the_python_tag_or_not() {
         let text = r#" {"name": "get_weather", "parameters": {"city": "Paris"}}"#;
         for p in [Parser::parse(LLAMA3, CALLS, text), by_chars(LLAMA3, text)] {
             assert_eq!(p.content, "");
@@ -999,6 +1087,28 @@ mod tests {
                 .collect();
             assert_eq!(calls, [("get_weather", r#"{"city": "Paris"}"#)]);
         }
+        // After `<|python_tag|>`, the same call, or a built-in tool's in Python's form.
+        let tagged = format!("<|python_tag|>{text}");
+        let builtin = r#"<|python_tag|>brave_search.call(query="weather, Paris (FR)", n=3)"#;
+        for (text, name, arguments) in [
+            (tagged.as_str(), "get_weather", r#"{"city": "Paris"}"#),
+            (
+                builtin,
+                "brave_search",
+                r#"{"query": "weather, Paris (FR)", "n": 3}"#,
+            ),
+        ] {
+            for p in [Parser::parse(LLAMA3, CALLS, text), by_chars(LLAMA3, text)] {
+                assert_eq!(p.content, "");
+                let calls: Vec<(&str, &str)> = (p.calls.iter())
+                    .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                    .collect();
+                assert_eq!(calls, [(name, arguments)], "{text}");
+            }
+        }
+        // Code after the tag, not a call's form: content.
+        let p = by_chars(LLAMA3, "<|python_tag|>print(1 + 1)");
+        assert_eq!((p.content.as_str(), p.calls.len()), ("print(1 + 1)", 0));
         // Words first: an answer in words, whatever follows.
         let text = r#"It is sunny. {"name": "x", "parameters": {}}"#;
         let p = by_chars(LLAMA3, text);

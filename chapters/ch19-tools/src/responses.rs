@@ -2,8 +2,9 @@
 //! `input` (text, or items — messages, `function_call`s and their `function_call_output`s,
 //! `reasoning`) become a chat's messages ([`chat_request`]), and the chat's answer a response
 //! whose `output` is items — `reasoning`, a `message`, `function_call`s — whole or as the
-//! Responses stream of semantic events ([`Responses`]). Responses are not stored:
-//! `previous_response_id` is refused, and a client sends the whole conversation each time.
+//! Responses stream of semantic events ([`Responses`]). A response is kept, unless the request
+//! says `store: false`, so that the next request may go on from it with
+//! `previous_response_id` ([`Kept`]: per API key, bounded).
 
 use crate::conversation::FieldError;
 use crate::relay::{
@@ -13,11 +14,13 @@ use crate::relay::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 /// The fields of a Responses request this reads. Those that change nothing here —
 /// `metadata`, `user`, `safety_identifier`, `prompt_cache_key` (the prefix cache keeps every
 /// prompt), `service_tier`, `include` (which asks for outputs this server does not make),
-/// `truncation` — are read and left; `store` is answered `false`.
+/// `truncation` — are read and left.
 pub const FIELDS: [&str; 22] = [
     "model",
     "input",
@@ -93,9 +96,15 @@ struct Format<'a> {
     strict: Option<bool>,
 }
 
-/// What a response repeats of its request.
+/// What a response repeats of its request, and the conversation it answers.
 #[derive(Debug, Clone, Default)]
 pub struct Echo {
+    /// The turns before the response's: the previous response's conversation, then `input`
+    /// (the instructions are not among them: they are not carried over, as OpenAI has it).
+    pub conversation: Vec<Value>,
+    pub previous_response_id: Value,
+    /// Whether the response is kept (`store`, true unless the request says otherwise).
+    pub store: bool,
     pub instructions: Value,
     pub tools: Value,
     pub tool_choice: Value,
@@ -107,22 +116,31 @@ pub struct Echo {
 }
 
 /// A Responses request (JSON text) as a chat request, and what its response repeats.
-pub fn chat_request(body: &str) -> Result<(ChatBody<'_>, Echo), FieldError> {
+/// `previous` gives the conversation of a kept response by its id (`None`: none such, for
+/// this API key).
+pub fn chat_request<'a>(
+    body: &'a str,
+    previous: &dyn Fn(&str) -> Option<Arc<Vec<Value>>>,
+) -> Result<(ChatBody<'a>, Echo), FieldError> {
     let f = fields(body, &FIELDS, "Responses API")?;
-    if field::<Value>(&f, "previous_response_id")?.is_some() {
-        let message = "this server keeps no responses: send the whole conversation in `input`";
-        return Err(FieldError::new(
-            "previous_response_id",
-            "previous_response_id",
-            message,
-        ));
-    }
     let mut chat = ChatBody::default();
     let mut echo = Echo {
         parallel_tool_calls: true,
+        store: field::<bool>(&f, "store")?.unwrap_or(true),
         text: json!({"format": {"type": "text"}}),
         ..Echo::default()
     };
+    if let Some(id) = field::<String>(&f, "previous_response_id")? {
+        let kept = previous(&id).ok_or_else(|| {
+            let message = format!(
+                "no response {id:?} is kept for this key (not made here, stored with \
+                 `store: false`, or forgotten: {KEPT_PER_KEY} responses are kept per key)"
+            );
+            FieldError::new("previous_response_id", "previous_response_id", message)
+        })?;
+        echo.conversation = kept.as_ref().clone();
+        echo.previous_response_id = id.into();
+    }
     chat.fields.insert(
         "model".into(),
         field::<Value>(&f, "model")?.unwrap_or(Value::Null),
@@ -149,21 +167,22 @@ pub fn chat_request(body: &str) -> Result<(ChatBody<'_>, Echo), FieldError> {
             json!({ "enable_thinking": on }),
         );
     }
-    let mut turns = Vec::new();
+    match f.get("input") {
+        None => return Err(FieldError::new("input", "input", "required")),
+        Some(raw) => match serde_json::from_str::<String>(raw.get()) {
+            Ok(text) => (echo.conversation).push(json!({"role": "user", "content": text})),
+            Err(_) => {
+                let items: Vec<Item> = read(raw, "input", "input")?;
+                input_turns(items, &mut echo.conversation)?;
+            }
+        },
+    }
+    let mut turns = Vec::with_capacity(echo.conversation.len() + 1);
     if let Some(i) = field::<String>(&f, "instructions")? {
         echo.instructions = i.clone().into();
         turns.push(json!({"role": "system", "content": i}));
     }
-    match f.get("input") {
-        None => return Err(FieldError::new("input", "input", "required")),
-        Some(raw) => match serde_json::from_str::<String>(raw.get()) {
-            Ok(text) => turns.push(json!({"role": "user", "content": text})),
-            Err(_) => {
-                let items: Vec<Item> = read(raw, "input", "input")?;
-                input_turns(items, &mut turns)?;
-            }
-        },
-    }
+    turns.extend(echo.conversation.iter().cloned());
     chat.fields.insert("messages".into(), Value::Array(turns));
     let tools: Vec<Tool> = field(&f, "tools")?.unwrap_or_default();
     for (i, t) in tools.into_iter().enumerate() {
@@ -337,6 +356,61 @@ fn input_turns(items: Vec<Item>, turns: &mut Vec<Value>) -> Result<(), FieldErro
     Ok(())
 }
 
+// ANCHOR: kept
+/// The most responses kept for one API key, and the most bytes their conversations may take
+/// (as JSON text): past either, that key's oldest are forgotten. Each response keeps its
+/// whole conversation, so a chain of n turns keeps n² of them: the byte bound is what holds a
+/// long chain. There are as many keys as the server was given, and one for requests without.
+pub const KEPT_PER_KEY: usize = 256;
+pub const KEPT_BYTES_PER_KEY: usize = 64 << 20;
+
+/// Responses kept for `previous_response_id`: each one's conversation as chat turns (the
+/// turns before it, its input, its output), per API key (chapter 11's `CachePartition`, so
+/// one key cannot go on from another's response, nor learn that it exists).
+#[derive(Debug, Default)]
+pub struct Kept {
+    keys: Mutex<HashMap<u64, VecDeque<Conversation>>>,
+}
+
+#[derive(Debug)]
+struct Conversation {
+    id: String,
+    turns: Arc<Vec<Value>>,
+    bytes: usize,
+}
+
+impl Kept {
+    /// The conversation of response `id`, kept for `key`.
+    pub fn get(&self, key: u64, id: &str) -> Option<Arc<Vec<Value>>> {
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = keys.get(&key)?;
+        let c = kept.iter().find(|c| c.id == id)?;
+        Some(Arc::clone(&c.turns))
+    }
+
+    /// Keep `turns` as response `id`'s conversation for `key`, forgetting that key's oldest
+    /// past the bounds (a conversation larger than all the bytes is not kept).
+    pub fn keep(&self, key: u64, id: &str, turns: Vec<Value>) {
+        let bytes = serde_json::to_string(&turns).map_or(usize::MAX, |t| t.len());
+        if bytes > KEPT_BYTES_PER_KEY {
+            return;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = keys.entry(key).or_default();
+        let mut total: usize = kept.iter().map(|c| c.bytes).sum::<usize>() + bytes;
+        while kept.len() >= KEPT_PER_KEY || total > KEPT_BYTES_PER_KEY {
+            let Some(old) = kept.pop_front() else { break };
+            total -= old.bytes;
+        }
+        kept.push_back(Conversation {
+            id: id.to_string(),
+            turns: Arc::new(turns),
+            bytes,
+        });
+    }
+}
+// ANCHOR_END: kept
+
 /// The chat's answer relayed as a response.
 pub struct Responses {
     id: String,
@@ -351,6 +425,9 @@ pub struct Responses {
     finish: Option<String>,
     usage: Usage,
     ended: bool,
+    /// Where the response is kept, and for which key, until it is; whether it is.
+    kept: Option<(Arc<Kept>, u64)>,
+    stored: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -383,6 +460,33 @@ impl Responses {
             finish: None,
             usage: Usage::default(),
             ended: false,
+            kept: None,
+            stored: false,
+        }
+    }
+
+    /// The response is kept in `kept` for `key`, if its request let it be.
+    pub fn kept_in(mut self, kept: Arc<Kept>, key: u64) -> Responses {
+        if self.echo.store {
+            self.kept = Some((kept, key));
+            self.stored = true;
+        }
+        self
+    }
+
+    /// The answer is whole: keep its conversation — the turns before it, and its output
+    /// items read back as the input items they are.
+    fn keep(&mut self) {
+        let Some((kept, key)) = self.kept.take() else {
+            return;
+        };
+        let mut turns = std::mem::take(&mut self.echo.conversation);
+        let output = Value::Array(self.items.clone()).to_string();
+        let read_back = serde_json::from_str::<Vec<Item>>(&output)
+            .map_err(|e| e.to_string())
+            .and_then(|items| input_turns(items, &mut turns).map_err(|e| e.to_string()));
+        if read_back.is_ok() {
+            kept.keep(key, &self.id, turns);
         }
     }
 
@@ -406,9 +510,9 @@ impl Responses {
             "model": self.model,
             "output": if usage.is_some() { Value::Array(self.items.clone()) } else { json!([]) },
             "parallel_tool_calls": e.parallel_tool_calls,
-            "previous_response_id": null,
+            "previous_response_id": e.previous_response_id,
             "reasoning": {"effort": null, "summary": null},
-            "store": false,
+            "store": self.stored,
             "temperature": e.temperature,
             "text": e.text,
             "tool_choice": e.tool_choice,
@@ -558,6 +662,7 @@ impl Relay for Responses {
             );
         }
         self.finish = Some(a.finish_reason.to_string());
+        self.keep();
         self.response(self.status(), Some(a.usage)).to_string()
     }
 
@@ -626,6 +731,7 @@ impl Relay for Responses {
         }
         self.ended = true;
         self.close(&mut events);
+        self.keep();
         let status = self.status();
         let response = self.response(status, Some(self.usage));
         let name = if status == "completed" {
@@ -658,7 +764,7 @@ mod tests {
               {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
               {"type": "function_call_output", "call_id": "c1", "output": "one"},
               {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]}]}"#;
-        let (chat, echo) = chat_request(body).unwrap();
+        let (chat, echo) = chat_request(body, &|_| None).unwrap();
         let text = chat.to_json();
         assert!(
             text.contains(r#""properties": {"z": {}, "a": {}}"#),
@@ -686,7 +792,7 @@ mod tests {
         let cases = [
             (r#"{"model": "m"}"#, "input"),
             (
-                r#"{"input": "x", "previous_response_id": "resp_1"}"#,
+                r#"{"input": "x", "previous_response_id": "resp_unknown"}"#,
                 "previous_response_id",
             ),
             (
@@ -705,11 +811,67 @@ mod tests {
         ];
         for (body, path) in cases {
             assert_eq!(
-                chat_request(body).err().map(|e| e.path),
+                chat_request(body, &|_| None).err().map(|e| e.path),
                 Some(path.to_string()),
                 "{body}"
             );
         }
+    }
+
+    /// The chat's answer `text`, whole.
+    fn answered(r: &mut Responses, text: &str) -> Value {
+        let chat = json!({"choices": [{"message": {"role": "assistant", "content": text},
+                                       "finish_reason": "stop"}]});
+        serde_json::from_str(&r.answer(&chat)).unwrap()
+    }
+
+    #[test]
+    fn a_kept_response_is_gone_on_from_with_its_key_only() {
+        let kept = Arc::new(Kept::default());
+        let open = |body: &str, key: u64| {
+            let (chat, echo) = chat_request(body, &|id| kept.get(key, id))?;
+            let chat: Value = serde_json::from_str(&chat.to_json()).unwrap();
+            Ok::<_, FieldError>((chat, echo))
+        };
+        let (_, echo) = open(r#"{"instructions": "Be brief.", "input": "Hi"}"#, 7).unwrap();
+        let mut r = Responses::new("1", "m", 0, echo).kept_in(Arc::clone(&kept), 7);
+        assert_eq!(answered(&mut r, "Hello.")["store"], true);
+
+        let next = r#"{"previous_response_id": "resp_1", "input": "And?"}"#;
+        let (chat, echo) = open(next, 7).unwrap();
+        // The instructions are not carried over; the turns before are.
+        // (A message item's content reads back as the chat's text parts.)
+        let text = |c: &Value| match c {
+            Value::Array(parts) => parts.iter().map(|p| p["text"].to_string()).collect(),
+            c => c.to_string(),
+        };
+        let turns: Vec<(String, String)> = (chat["messages"].as_array().unwrap().iter())
+            .map(|m| (m["role"].to_string(), text(&m["content"])))
+            .collect();
+        let expected = [("user", "Hi"), ("assistant", "Hello."), ("user", "And?")];
+        assert_eq!(
+            turns,
+            expected.map(|(r, c)| (format!("{r:?}"), format!("{c:?}")))
+        );
+        assert_eq!(echo.previous_response_id, "resp_1");
+        // Another key does not see it.
+        let e = open(next, 8).err().unwrap();
+        assert_eq!(e.path, "previous_response_id");
+
+        // `store: false` keeps nothing; past the bound, the oldest is forgotten.
+        let (_, echo) = open(r#"{"input": "x", "store": false}"#, 7).unwrap();
+        let mut r = Responses::new("2", "m", 0, echo).kept_in(Arc::clone(&kept), 7);
+        assert_eq!(answered(&mut r, "y")["store"], false);
+        assert!(kept.get(7, "resp_2").is_none());
+        for i in 0..KEPT_PER_KEY {
+            kept.keep(
+                7,
+                &format!("resp_x{i}"),
+                vec![json!({"role": "user", "content": "x"})],
+            );
+        }
+        assert!(kept.get(7, "resp_1").is_none());
+        assert!(kept.get(7, "resp_x0").is_some());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::messages::{self, Messages};
 use crate::parse::{Delta, Parser, random_id};
 use crate::relay::{Event, Relay};
 use crate::request::{ToolRequest, Tooled};
-use crate::responses::{self, Responses};
+use crate::responses::{self, Kept, Responses};
 use axum::body::{Body, BodyDataStream};
 use axum::extract::{Extension, State};
 use axum::http::header;
@@ -107,14 +107,18 @@ impl Reader for Parsing {
 
 // ANCHOR: apis
 /// The endpoints: chapter 11's OpenAI two — chat requests now with tools and reasoning — and
-/// two more APIs answered through the chat: OpenAI's Responses and Anthropic's Messages.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Apis;
+/// two more APIs answered through the chat: OpenAI's Responses, whose responses are `kept`
+/// for the next request to go on from, and Anthropic's Messages.
+#[derive(Debug, Clone, Default)]
+pub struct Apis {
+    pub kept: Arc<Kept>,
+}
 
 impl Endpoints for Apis {
     fn routes(&self) -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         let mut routes = OpenAi.routes();
-        routes.push(("/v1/responses", post(responses)));
+        let kept = Extension(Arc::clone(&self.kept));
+        routes.push(("/v1/responses", post(responses).layer(kept)));
         routes.push(("/v1/messages", post(messages)));
         routes.push(("/v1/messages/count_tokens", post(count_tokens)));
         routes
@@ -164,9 +168,11 @@ async fn messages(
     relayed(s, (label, partition, turn), chat.to_json(), relay).await
 }
 
-/// `POST /v1/responses`: OpenAI's Responses API.
+/// `POST /v1/responses`: OpenAI's Responses API. Its responses are kept per API key: the
+/// prefix cache's partition, which chapter 12 gives each key.
 async fn responses(
     State(s): State<Arc<AppState>>,
+    Extension(kept): Extension<Arc<Kept>>,
     label: Option<Extension<RequestLabel>>,
     partition: Option<Extension<CachePartition>>,
     turn: Option<Extension<Preparing>>,
@@ -176,7 +182,10 @@ async fn responses(
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let (chat, echo) = match responses::chat_request(&text) {
+    let key = partition
+        .as_ref()
+        .map_or(0, |Extension(CachePartition(p))| *p);
+    let (chat, echo) = match responses::chat_request(&text, &|id| kept.get(key, id)) {
         Ok(c) => c,
         Err(e) => return api_error(e).into_response(),
     };
@@ -184,7 +193,8 @@ async fn responses(
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let relay = Box::new(Responses::new(&random_id(24), model, created, echo));
+    let relay = Responses::new(&random_id(24), model, created, echo).kept_in(kept, key);
+    let relay = Box::new(relay);
     relayed(s, (label, partition, turn), chat.to_json(), relay).await
 }
 

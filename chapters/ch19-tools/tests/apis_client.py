@@ -1,7 +1,7 @@
 """The two other APIs agents speak, each asked by its official Python package against
 `llm-rs serve`: OpenAI's Responses API (`openai`) and Anthropic's Messages API (`anthropic`) —
 text, calls held to a named tool, streamed with each SDK's own accumulating helper, an agent
-loop, token counting, and the errors of what cannot be done. Run by tests/server.rs as
+loop (with kept responses too), token counting, and the errors of what cannot be done. Run by tests/server.rs as
 `python apis_client.py BASE_URL`; exits non-zero on the first failed check."""
 
 import json
@@ -77,16 +77,27 @@ assert call.arguments == "".join(pieces), (call.arguments, pieces)
 weather_args(json.loads(call.arguments))
 print("responses stream:", len(kinds), "events,", len(pieces), "pieces")
 
-# 4. The agent loop: the call and its output sent back as items; the answer is text.
+# 4. The agent loop: the streamed call and its output sent back as items; the answer is text.
+output = {"type": "function_call_output", "call_id": call.call_id,
+          "output": json.dumps({"city": city, "temperature": 21, "sky": "sunny"})}
 items = [{"role": "user", "content": ASK},
-         {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
-          "arguments": calls[0].arguments},
-         {"type": "function_call_output", "call_id": calls[0].call_id,
-          "output": json.dumps({"city": city, "temperature": 21, "sky": "sunny"})}]
+         {"type": "function_call", "call_id": call.call_id, "name": "get_weather",
+          "arguments": call.arguments},
+         output]
 r = oa.responses.create(model=model, input=items, tools=[FN], tool_choice="none",
                         max_output_tokens=32, temperature=0)
 assert r.output_text and not [o for o in r.output if o.type == "function_call"], r.output
 print("responses loop:", repr(r.output_text[:60]))
+
+# 4b. The same loop going on from the kept response: only the output is sent, after the
+#     response that made the call. The conversation is the same, so is the prompt and the
+#     (greedy) answer.
+k = oa.responses.create(model=model, previous_response_id=final.id, input=[output], tools=[FN],
+                        tool_choice="none", max_output_tokens=32, temperature=0)
+assert final.store and k.previous_response_id == final.id, (final.store, k)
+assert k.usage.input_tokens == r.usage.input_tokens, (k.usage, r.usage)
+assert k.output_text == r.output_text, (k.output_text, r.output_text)
+print("responses kept:", k.usage.input_tokens, "input tokens, as sent whole")
 
 # 5. A JSON Schema for the text (`text.format`), held by the grammar.
 r = oa.responses.create(model=model, input="A city in France, as JSON.", max_output_tokens=64,
@@ -95,9 +106,13 @@ r = oa.responses.create(model=model, input="A city in France, as JSON.", max_out
 weather_args(json.loads(r.output_text))
 print("responses json:", r.output_text)
 
-# 6. What cannot be done: a 400 naming the field.
+# 6. What cannot be done: a 400 naming the field — among it, going on from a response that
+#    was never made or not kept.
+unkept = oa.responses.create(model=model, input="Hi.", max_output_tokens=2, store=False)
+assert unkept.store is False, unkept
 for kwargs, param in [
     (dict(previous_response_id="resp_123"), "previous_response_id"),
+    (dict(previous_response_id=unkept.id), "previous_response_id"),
     (dict(tools=[{"type": "web_search"}]), "tools"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input"),
 ]:
