@@ -237,16 +237,10 @@ async fn count_tokens(
     }
 }
 
-/// The request's body as text: 413 past the server's limit, 400 if it is not UTF-8.
+/// The request's body as text (chapter 11's reader: 413 past the server's limit), 400 if it
+/// is not UTF-8.
 async fn read_body(s: &AppState, body: Body) -> Result<String, ApiError> {
-    let limit = s.body_limit();
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if ch11::server::is_length_limit(&e) {
-            ApiError::too_large(limit)
-        } else {
-            ApiError::invalid("body", e.to_string())
-        }
-    })?;
+    let bytes = ch11::server::read_body(s, body).await?;
     String::from_utf8(bytes.to_vec()).map_err(|e| ApiError::invalid("body", e.to_string()))
 }
 

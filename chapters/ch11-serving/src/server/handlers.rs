@@ -67,19 +67,24 @@ pub fn model_card(s: &AppState) -> Option<Value> {
     }))
 }
 
-/// The body, read and parsed: 413 over the limit, 400 for anything else.
-async fn parse<T: serde::de::DeserializeOwned>(
-    s: &AppState,
-    body: Body,
-) -> Result<(T, Bytes), ApiError> {
+/// The body, read within the server's limit: 413 over it, 400 if it cannot be read.
+pub async fn read_body(s: &AppState, body: Body) -> Result<Bytes, ApiError> {
     let limit = s.body_limit();
-    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
         if is_length_limit(&e) {
             ApiError::too_large(limit)
         } else {
             ApiError::invalid("body", e.to_string())
         }
-    })?;
+    })
+}
+
+/// The body, read and parsed: 413 over the limit, 400 for anything else.
+async fn parse<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    body: Body,
+) -> Result<(T, Bytes), ApiError> {
+    let bytes = read_body(s, body).await?;
     let parsed = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_json(&e))?;
     Ok((parsed, bytes))
 }

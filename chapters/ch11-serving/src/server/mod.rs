@@ -21,7 +21,7 @@ mod state;
 mod stream;
 
 pub use admit::declared_length;
-pub use handlers::{chat, completions, is_length_limit, model_card};
+pub use handlers::{chat, completions, is_length_limit, model_card, read_body};
 pub use state::{
     AppState, CachePartition, Limits, Loaded, Preparing, RequestLabel, body_limit_for,
     max_text_bytes,
