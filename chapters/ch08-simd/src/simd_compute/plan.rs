@@ -148,8 +148,13 @@ impl SimdCompute {
         let locate = |u: usize| -> Located<'_> {
             let p = &plans[plans.partition_point(|p| p.units.end <= u)];
             let u = u - p.units.start;
-            let (s, rest) = (u % p.splits, u / p.splits);
-            let (kvh, rb) = (rest % n_kvh, rest / n_kvh);
+            // The KV head varies fastest: a task's consecutive units read the same keys'
+            // rows, each its part of them, and the second and later find those lines in the
+            // cache already (a cache row holds every KV head of a position side by side).
+            // (With the split varying fastest instead, a token decoded 4k positions deep took
+            // 1.14× as long, on 2 threads.)
+            let (kvh, rest) = (u % n_kvh, u / n_kvh);
+            let (s, rb) = (rest % p.splits, rest / p.splits);
             let rows = rb * Q_ROWS..((rb + 1) * Q_ROWS).min(p.rows.len());
             let seg = p.first_seg + s;
             let keys =
