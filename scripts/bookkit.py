@@ -1,4 +1,4 @@
-"""What the book's scripts share: the workbench manifests, the exercise stub, how an
+"""What the book's scripts share: the workbench manifests, a GGUF file's metadata and tensor sizes, the exercise stub, how an
 `{{#include path:anchor}}` is resolved (as mdBook resolves it), and a `cargo run` command's
 program as `cargo test --workspace` built it.
 
@@ -10,6 +10,7 @@ programs). Standard library only.
 import json
 import pathlib
 import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -278,3 +279,48 @@ def built_program(cmd):
 def _pkg_name(package_id):
     """The package name in a cargo package id: `path+file:///…/ch04-forward#ch04@0.1.0`."""
     return package_id.rsplit("#", 1)[-1].split("@", 1)[0]
+
+
+def gguf_layout(path: str) -> tuple[dict, dict]:
+    """The metadata and each tensor's size in bytes (offset to the next tensor's offset)."""
+    f = open(path, "rb")
+    def rd(fmt):
+        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+    def string():
+        return f.read(rd("Q")).decode("utf-8", "replace")
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    def value(t):
+        if t in scalar:
+            return rd(scalar[t])
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = rd("I"), rd("Q")
+            if et in scalar:  # skipped: no value the bench needs is an array
+                f.seek(n * struct.calcsize(scalar[et]), 1)
+            else:
+                for _ in range(n):
+                    value(et)
+            return None
+        raise ValueError(f"{path}: unknown metadata type {t}")
+    if f.read(4) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    rd("I")
+    n_tensors, n_kv = rd("Q"), rd("Q")
+    meta = {}
+    for _ in range(n_kv):
+        k = string()
+        meta[k] = value(rd("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        for _ in range(rd("I")):
+            rd("Q")  # the dimensions
+        rd("I")  # the type
+        infos.append((rd("Q"), name))
+    align = meta.get("general.alignment", 32)
+    data = (f.tell() + align - 1) // align * align
+    end = pathlib.Path(path).stat().st_size - data
+    infos.sort()
+    sizes = {name: (infos[i + 1][0] if i + 1 < len(infos) else end) - off for i, (off, name) in enumerate(infos)}
+    return meta, sizes
