@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from . import engine as E
-from . import checkpoints, constrained, facts, gemma3, grammar, large, prompts, quant, tokenizer
+from . import checkpoints, constrained, depth, facts, gemma3, grammar, large, prompts, quant
+from . import tokenizer
 from . import tools
 from . import variants
 from .common import log, sha256_file, write_json
@@ -81,6 +82,13 @@ def describe(rel: str) -> str:
             "its greedy continuation and, after each of its tokens, the top-k logits, the rest's " \
             "probability and a strided sample of the logits; the same with its KV cache in f16 " \
             "and in q8_0"
+    if rel == "depth/depth.json":
+        return "the default model deep in its context: the prompt's sources and length, " \
+            "llama.cpp's settings and greedy continuations with f32, f16 and q8_0 KV caches"
+    if rel == "depth/smollm2.safetensors":
+        return "the default model after a prompt of 4,000 tokens: the prompt's ids, llama.cpp's " \
+            "logits after it, its greedy continuation and, after each of its tokens, the top-k " \
+            "logits, the rest's probability and a strided sample of the logits, per KV cache type"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf", rel):
         return f"llama.cpp's vocab-only test model {m[1]} (models/ in llama.cpp)"
     if m := re.fullmatch(r"tokenizer/ggml-vocab-([\w-]+)\.gguf\.(inp|out)", rel):
@@ -323,27 +331,52 @@ def only_variants(sdist: Path, cache: Path, out: Path) -> int:
                         variants.export_variants(out / "tokenizer", cache, stage, settings))
 
 
-def only_tools(sdist: Path, model: Path, out: Path) -> int:
-    """`--only tools`: step 16 alone (conversations with tools through llama-server), added
-    to the manifest after `checkpoints` when it has no `tools` section yet."""
+def only_placed_section(name: str, after: str, how: str, sdist: Path, model: Path, out: Path,
+                        export) -> int:
+    """`--only NAME` for a step that runs the default model: redo it alone, replace
+    reference-data/NAME/ and update the manifest's `files` and `NAME` entries in place, the
+    section placed after `after` when the manifest has none yet. Refused unless the manifest
+    was made from the same sdist and model. `export(stage)` writes the step's files under
+    `stage/NAME/` and returns its manifest section."""
     manifest_path, manifest = recorded_manifest(out, sdist, model)
-    with tempfile.TemporaryDirectory(prefix="export-reference-tools-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"export-reference-{name}-") as tmp:
         stage = Path(tmp)
-        section = tools.export_tools(out.resolve().parent, model, sdist, stage)
-        files = {k: v for k, v in manifest["files"].items() if not k.startswith("tools/")}
+        section = export(stage)
+        files = {k: v for k, v in manifest["files"].items() if not k.startswith(f"{name}/")}
         files.update(file_entries(stage))
         manifest["files"] = dict(sorted(files.items(), key=lambda kv: PurePosixPath(kv[0]).parts))
         updated = {}
         for k, v in manifest.items():
-            if k != "tools":
+            if k != name:
                 updated[k] = v
-            if k == "checkpoints":
-                updated["tools"] = {"how": TOOLS_HOW, **section}
-        shutil.rmtree(out / "tools", ignore_errors=True)
-        shutil.move(str(stage / "tools"), str(out / "tools"))
+            if k == after:
+                updated[name] = {"how": how, **section}
+        shutil.rmtree(out / name, ignore_errors=True)
+        shutil.move(str(stage / name), str(out / name))
     write_json(manifest_path, updated)
-    log(f"replaced {out / 'tools'} and its manifest entries")
+    log(f"replaced {out / name} and its manifest entries")
     return 0
+
+
+def only_tools(sdist: Path, model: Path, out: Path) -> int:
+    """`--only tools`: step 16 alone (conversations with tools through llama-server)."""
+    return only_placed_section("tools", "checkpoints", TOOLS_HOW, sdist, model, out, lambda stage:
+                               tools.export_tools(out.resolve().parent, model, sdist, stage))
+
+
+DEPTH_HOW = ("the default model (Q4_1, as shipped) after a prompt of the book's Part I cut to "
+             "4,000 tokens, decoded in one batch, then greedy continuation a token at a time; "
+             "with f32, f16 (flash attention off) and q8_0 (flash attention on) KV caches")
+
+
+def only_depth(sdist: Path, model: Path, out: Path) -> int:
+    """`--only depth`: step 17 alone (the default model deep in its context), with the
+    quantized variants' settings the manifest records."""
+    manifest_path, manifest = recorded_manifest(out, sdist, model)
+    settings = recorded_settings(manifest_path, manifest)
+    E.init()
+    return only_placed_section("depth", "tools", DEPTH_HOW, sdist, model, out, lambda stage:
+                               depth.export_depth(out.resolve().parent, model, stage, settings))
 
 
 TOOLS_HOW = ("llama-server (scripts/build-llama-server) started once per template with --jinja "
@@ -360,11 +393,12 @@ def main() -> int:
     ap.add_argument("--gemma3", type=Path, help="Gemma 3 270M Q4_K_M (chapter 13)")
     ap.add_argument(
         "--only",
-        choices=["grammar", "checkpoints", "large", "variants", "tools"],
+        choices=["grammar", "checkpoints", "large", "variants", "tools", "depth"],
         help="redo steps 13 and 14 alone (llama.cpp's grammar tests, and its grammar-"
         "constrained runs of --model), step 15 (chapter 17's converted checkpoints), step 12 "
         "(chapters 14 and 18's generated large models), step 11 (chapters 13 and 18's synthetic variants) "
-        "or step 16 (chapter 19's conversations with tools), "
+        "step 16 (chapter 19's conversations with tools) or step 17 (the default model deep in "
+        "its context), "
         "and update the manifest in place",
     )
     args = ap.parse_args()
@@ -380,6 +414,8 @@ def main() -> int:
         return only_large(args.sdist, args.cache, args.out)
     if args.only == "tools":
         return only_tools(args.sdist, args.model, args.out)
+    if args.only == "depth":
+        return only_depth(args.sdist, args.model, args.out)
     if args.only == "variants":
         if args.cache is None:
             ap.error("--only variants needs --cache")
@@ -441,6 +477,8 @@ def main() -> int:
     )
     log("step 16: chapter 19's conversations with tools, through llama-server")
     to = tools.export_tools(args.out.resolve().parent, args.model, args.sdist, stage)
+    log("step 17: the default model deep in its context")
+    de = depth.export_depth(args.out.resolve().parent, args.model, stage, quant_settings)
 
     files = file_entries(stage)
 
@@ -511,6 +549,7 @@ def main() -> int:
         "grammar": gr,
         "checkpoints": ck,
         "tools": {"how": TOOLS_HOW, **to},
+        "depth": {"how": DEPTH_HOW, **de},
         "files": files,
         "reduced_precision": pr["reduced_precision"],
         "graph_name_notes": {

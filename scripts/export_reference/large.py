@@ -73,12 +73,13 @@ def model_id(shape: str, ftype: str, layers: int) -> str:
     return f"{shape}-{layers}L-{ftype}"
 
 
-def continuation(step_logits: np.ndarray, prefix: str) -> dict[str, np.ndarray]:
+def continuation(step_logits: np.ndarray, prefix: str, top_k: int = TOP_K) -> dict[str, np.ndarray]:
     """The tensors `<prefix>steps.*` kept of llama.cpp's logits after each continuation token:
-    `step_logits` (steps, vocab) f32, row 0 after the prompt (kept whole elsewhere)."""
+    `step_logits` (steps, vocab) f32, row 0 after the prompt (kept whole elsewhere); the `top_k`
+    largest of each row."""
     rows = step_logits[1:].astype(np.float32)
     # Largest first; ties by token id, so the choice is the same on every run.
-    top = np.argsort(-rows, axis=1, kind="stable")[:, :TOP_K]
+    top = np.argsort(-rows, axis=1, kind="stable")[:, :top_k]
     x = rows.astype(np.float64)
     e = np.exp(x - x.max(axis=1, keepdims=True))
     rest = np.ones_like(e, dtype=bool)

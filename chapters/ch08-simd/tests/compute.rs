@@ -267,6 +267,66 @@ mod avx2 {
                 assert_close("weighted_sum_heads_f16", &[group * hd], &a3, &a4, LANES_TOL);
             }
         }
+
+        #[test]
+        fn q8_0_key_kernels_give_the_plain_loops_bits(
+            hd in prop_oneof![Just(64usize), Just(128)],
+            group in 1usize..4,
+            nk in 1usize..=32,
+            cut in (0usize..32, 0usize..32),
+            seed in any::<u64>(),
+        ) {
+            if !has(Isa::Avx512Vnni) {
+                return Ok(());
+            }
+            use ch06::quants::{BlockQ8_0, quantize_row_q8_0};
+            use ch08::simd::{KEYS_Q8_0, pack_keys_q8_0_rows, packed_q8_0_bytes};
+            use ch08::simd::scores_heads_q8_0_rows;
+            const STRIDE: usize = 40;
+            let nb = hd / 32;
+            let zero = BlockQ8_0 { d: half::f16::ZERO, qs: [0; 32] };
+            // Keys and queries as a cache and attention hold them: q8_0 blocks.
+            let quantized = |x: &[f32]| {
+                let mut b = vec![zero; x.len() / 32];
+                quantize_row_q8_0(x, &mut b);
+                b
+            };
+            let keys = quantized(&noise(nk * hd, seed ^ 5));
+            let bytes: &[u8] = bytemuck::cast_slice(&keys);
+            let rows: Vec<&[u8]> = bytes.chunks_exact(34 * nb).collect();
+            let q = quantized(&noise(group * hd, seed));
+            // Any run of the keys, as a row of a prompt sees a tile (empty ones too).
+            let (a, b) = ((cut.0 % nk).min(cut.1 % (nk + 1)), cut.1 % (nk + 1));
+            let (mut kt1, mut kt2) = (vec![0u8; packed_q8_0_bytes(hd)], vec![0u8; packed_q8_0_bytes(hd)]);
+            let (mut d1, mut d2) = (vec![0.0; nb * KEYS_Q8_0], vec![0.0; nb * KEYS_Q8_0]);
+            let (mut s1, mut s2) = (vec![0.0; group * STRIDE], vec![0.0; group * STRIDE]);
+            // SAFETY: the CPU has AVX-512 F and VNNI (checked above); the rows hold `hd / 32`
+            // blocks each.
+            unsafe {
+                Avx512::pack_keys_q8_0(&rows, hd, &mut kt1, &mut d1);
+                Avx512::scores_heads_q8_0(&q, hd, &kt1, &d1, a..b, 0.125, &mut s1, STRIDE);
+            }
+            pack_keys_q8_0_rows(&rows, hd, &mut kt2, &mut d2);
+            scores_heads_q8_0_rows(&q, hd, &kt2, &d2, a..b, 0.125, &mut s2, STRIDE);
+            for g in 0..group {
+                let r = g * STRIDE + a..g * STRIDE + b;
+                prop_assert_eq!(bits(&s1[r.clone()]), bits(&s2[r]), "query {}", g);
+            }
+            // And the plain loops' scores are the dot products of what the blocks hold.
+            for g in 0..group {
+                for j in a..b {
+                    let deq = |x: &[BlockQ8_0]| -> Vec<f64> {
+                        x.iter()
+                            .flat_map(|b| b.qs.map(|c| c as f64 * b.d.to_f32() as f64))
+                            .collect()
+                    };
+                    let (k, qg) = (deq(&keys[j * nb..(j + 1) * nb]), deq(&q[g * nb..(g + 1) * nb]));
+                    let want = 0.125 * k.iter().zip(&qg).map(|(a, b)| a * b).sum::<f64>();
+                    let got = s2[g * STRIDE + j] as f64;
+                    prop_assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{} vs {}", got, want);
+                }
+            }
+        }
     }
 }
 

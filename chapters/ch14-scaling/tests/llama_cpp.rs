@@ -11,7 +11,8 @@
 //! kernels over chapter 10's map), at full width: d 4096 or 3584, 4:1 or 7:1 grouped-query
 //! attention, Qwen2's biases and Qwen3's per-head norms, vocabularies of 128k and 152k tokens.
 //! Then again with the KV cache in f16 (llama.cpp's default) and in q8_0, against llama.cpp's
-//! runs with the same cache types.
+//! runs with the same cache types. And the default model deep in its context, with the same
+//! judge: a 4,000-token prompt, where attention is most of a token's work.
 
 use ch01::GgufFile;
 use ch04::Model;
@@ -95,47 +96,121 @@ fn generated_large_models_agree_with_llama_cpp_with_f16_and_q8_0_caches() {
             let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
             let paths = [("fast", Some(&engine.model)), ("scalar", scalar.as_ref())];
             for (path_name, model) in paths.into_iter().filter_map(|(n, m)| Some((n, m?))) {
-                // Both of chapter 5's stores: f16 in a contiguous one, q8_0 in the paged one
-                // the engine and the server use (blocks of 16 positions).
-                let ours = if name == "f16" {
-                    let mut kv = ContiguousCache::for_model_typed(model, all.len(), types)
-                        .unwrap_or_else(|e| panic!("{e}"));
-                    model.logits_from_in(&all, prompt.len() - 1, &mut kv)
-                } else {
-                    let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());
-                    let blocks = all.len().div_ceil(16);
-                    let mut kv = PagedCache::try_typed(n_layer, kv_dim, 16, blocks, types)
-                        .unwrap_or_else(|e| panic!("{e}"));
-                    model.logits_from_in(&all, prompt.len() - 1, &mut kv)
-                }
-                .unwrap_or_else(|e| panic!("{e}"));
+                let (ours, margins) = with_cache(model, &all, prompt.len() - 1, types);
                 let what = format!("{id} ({name} cache, {path_name})");
-                // A q8_0 cache: llama.cpp rounds other vectors than ours (it rotates them
-                // first), so the bounds grow by what one rounding does to our logits.
-                let f32_cache = (name == "q8_0").then(|| {
-                    model
-                        .logits_from(&all, prompt.len() - 1)
-                        .unwrap_or_else(|e| panic!("{e}"))
-                });
-                let vocab = next.data.len();
-                let margins = |step: usize| match &f32_cache {
-                    Some(f) => large::q8_0_margins(
-                        &f[step * vocab..][..vocab],
-                        &ours[step * vocab..][..vocab],
-                    ),
-                    None => Margins::QUANTIZED,
-                };
                 judge(
                     &what,
                     &next.data,
                     &steps,
                     &ours,
                     &cont,
-                    &margins,
+                    &*margins,
                     &mut totals,
                 );
             }
         }
+    }
+    check_near_ties(totals.near_ties, totals.expected)
+        .unwrap_or_else(|e| panic!("{e}, in {} steps", totals.steps));
+}
+
+/// Our logits for `all` from position `from` on, with the KV cache in `types` — a q8_0 one in
+/// chapter 5's paged store, as the engine and the server keep it (blocks of 16 positions), any
+/// other in a contiguous one, so that both stores are checked — and the bounds of each step
+/// against llama.cpp's run with the same cache type: chapter 6's, and for a q8_0 cache raised
+/// by what one rounding of it does to our logits (llama.cpp rounds other vectors than ours: it
+/// rotates them first), measured against the same tokens with an f32 cache.
+pub fn with_cache(
+    model: &Model,
+    all: &[u32],
+    from: usize,
+    types: CacheTypes,
+) -> (Vec<f32>, Box<dyn Fn(usize) -> Margins>) {
+    let q8_0 = types.k == ROW_Q8_0;
+    let ours = if q8_0 {
+        let (n_layer, kv_dim) = (model.config.n_layer, model.attention.kv_dim());
+        let blocks = all.len().div_ceil(16);
+        let mut kv = PagedCache::try_typed(n_layer, kv_dim, 16, blocks, types)
+            .unwrap_or_else(|e| panic!("{e}"));
+        model.logits_from_in(all, from, &mut kv)
+    } else {
+        let mut kv = ContiguousCache::for_model_typed(model, all.len(), types)
+            .unwrap_or_else(|e| panic!("{e}"));
+        model.logits_from_in(all, from, &mut kv)
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
+    let vocab = model.config.vocab_size;
+    let margins: Box<dyn Fn(usize) -> Margins> = if q8_0 {
+        let f32_cache = model
+            .logits_from(all, from)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let q8 = ours.clone();
+        Box::new(move |step| {
+            large::q8_0_margins(
+                &f32_cache[step * vocab..][..vocab],
+                &q8[step * vocab..][..vocab],
+            )
+        })
+    } else {
+        Box::new(|_| Margins::QUANTIZED)
+    };
+    (ours, margins)
+}
+
+/// The default model 4,000 tokens deep in its context (`reference-data/depth/`): the last
+/// queries of the prompt and every continuation token attend over thousands of keys, through
+/// chapter 8's key segments, their merge and the online softmax across 125 tiles, and through
+/// chapter 5's stores with f32, f16 and q8_0 rows. Every step is judged as the large models'
+/// are, against llama.cpp's run with the same cache type; the near-ties against what the noise
+/// measured at each step predicts.
+#[test]
+fn the_default_model_deep_in_its_context_agrees_with_llama_cpp() {
+    let json = refdata::json("depth/depth.json").unwrap_or_else(|e| panic!("{e}"));
+    let stride = json["steps"]["sample_stride"]
+        .as_u64()
+        .expect("reference-data/depth/depth.json: steps.sample_stride") as usize;
+    let path = shared::default_model_path().unwrap_or_else(|e| panic!("{e}"));
+    let sha = shared::sha256_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        json["model_sha256"].as_str(),
+        Some(sha.as_str()),
+        "{}: not the file llama.cpp ran at depth (is LLM_RS_MODEL set?)",
+        path.display()
+    );
+    let want = TensorFile::open("depth/smollm2.safetensors").unwrap_or_else(|e| panic!("{e}"));
+    let prompt = ids(&want, "tokens");
+    let archs = ch13::architectures();
+    let fast = FastLoader::new(new_pool(PoolKind::Spin, 2));
+    let engine = Engine::load(&path, LoadMode::Map(MapOptions::default()), fast, &archs)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let model = &engine.model;
+    let mut totals = Totals::default();
+    for (name, t) in [
+        ("f32", RowType::F32),
+        ("f16", RowType::F16),
+        ("q8_0", ROW_Q8_0),
+    ] {
+        let types = CacheTypes { k: t, v: t };
+        let cont = ids(&want, &format!("{name}.generated"));
+        let next = want
+            .f32(&format!("{name}.next_logits"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let steps = kept_steps(&want, &format!("{name}."), stride);
+        let all: Vec<u32> = prompt.iter().chain(&cont).copied().collect();
+        let (ours, margins) = with_cache(model, &all, prompt.len() - 1, types);
+        let what = format!(
+            "the default model, {} tokens deep ({name} cache)",
+            prompt.len()
+        );
+        judge(
+            &what,
+            &next.data,
+            &steps,
+            &ours,
+            &cont,
+            &*margins,
+            &mut totals,
+        );
     }
     check_near_ties(totals.near_ties, totals.expected)
         .unwrap_or_else(|e| panic!("{e}, in {} steps", totals.steps));

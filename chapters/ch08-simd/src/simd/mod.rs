@@ -23,6 +23,9 @@
 // ggml's names, kept so the kernels read beside ggml's: `vec_dot_q4_K_q8_K`, `scales_q3_K`.
 #![allow(non_snake_case)]
 
+use ch06::quants::blocks::BlockQ8_0;
+use std::ops::Range;
+
 // ANCHOR: f32simd
 /// Lane operations on f32 slices, the building blocks of every kernel here. Implemented by
 /// [`Portable`](crate::simd_compute::Portable) and, on x86-64, by AVX2 + FMA and by AVX-512
@@ -130,6 +133,51 @@ pub trait F32Simd {
         unsafe { weighted_sum_heads_rows::<Self>(acc, hd, p, stride, vals) }
     }
     // ANCHOR_END: f32simd_heads
+    // ANCHOR: f32simd_q8_0
+    /// Whether attention's scores against a q8_0 key cache are this set's integer dot products
+    /// of the key codes with the query rounded to q8_0 (as llama.cpp computes them), through
+    /// [`F32Simd::pack_keys_q8_0`] and [`F32Simd::scores_heads_q8_0`], for heads of `hd`
+    /// values. By default they are not, and the keys are decoded to f32 like any other.
+    fn keys_q8_0(_hd: usize) -> bool {
+        false
+    }
+    /// A query rounded to q8_0 for [`F32Simd::scores_heads_q8_0`]: the bytes of chapter 6's
+    /// `quantize_row_q8_0`, which is the default.
+    #[inline(always)]
+    unsafe fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+        ch06::quants::quantize_row_q8_0(x, y)
+    }
+    /// The q8_0 key rows `keys` (this KV head's blocks of each, `hd / 32` of 34 bytes; at most
+    /// [`KEYS_Q8_0`] rows) laid out for [`F32Simd::scores_heads_q8_0`]: in `kt`, for each block
+    /// of 16 keys and each group `t` of 4 values, 64 bytes holding those 4 codes of each of the
+    /// 16 keys, each code plus 128 (as an unsigned byte); in `dk`, `(hd / 32, KEYS_Q8_0)`, each
+    /// key's block scales in f32. By default plain loops ([`pack_keys_q8_0_rows`]).
+    #[inline(always)]
+    unsafe fn pack_keys_q8_0(keys: &[&[u8]], hd: usize, kt: &mut [u8], dk: &mut [f32]) {
+        pack_keys_q8_0_rows(keys, hd, kt, dk)
+    }
+    /// The scores of the query vectors `q` (side by side, `hd / 32` q8_0 blocks each) against
+    /// keys `keys` of a tile packed by [`F32Simd::pack_keys_q8_0`]: query `i`'s score of key `j`
+    /// goes to `s[i·stride + j]`, computed as [`score_q8_0`] computes it. Other entries of `s` up
+    /// to `i·stride + KEYS_Q8_0` may be written. By default a key at a time
+    /// ([`scores_heads_q8_0_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn scores_heads_q8_0(
+        q: &[BlockQ8_0],
+        hd: usize,
+        kt: &[u8],
+        dk: &[f32],
+        keys: Range<usize>,
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) where
+        Self: Sized,
+    {
+        scores_heads_q8_0_rows(q, hd, kt, dk, keys, scale, s, stride)
+    }
+    // ANCHOR_END: f32simd_q8_0
     /// Whether [`F32Simd::scores_heads_f16`] and [`F32Simd::weighted_sum_heads_f16`] are kernels
     /// of this set's own for groups of `group` heads of `hd` values, which attention then uses
     /// on an f16 cache instead of decoding its rows first. By default they are not.
@@ -171,6 +219,86 @@ pub trait F32Simd {
     {
         // SAFETY: forwarded: the caller enables `Self`'s instructions.
         unsafe { weighted_sum_heads_f16_rows::<Self>(acc, hd, p, stride, vals) }
+    }
+}
+
+/// The keys a tile packed for [`F32Simd::scores_heads_q8_0`] holds: two blocks of 16.
+pub const KEYS_Q8_0: usize = 32;
+
+/// The bytes of [`F32Simd::pack_keys_q8_0`]'s `kt` for heads of `hd` values: `hd` per key.
+pub const fn packed_q8_0_bytes(hd: usize) -> usize {
+    KEYS_Q8_0 * hd
+}
+
+/// Where the 4 codes of group `t` of key `j` lie in a packed tile of `hd`-value keys.
+#[inline(always)]
+fn packed_at(hd: usize, j: usize, t: usize) -> usize {
+    ((j / 16) * (hd / 4) + t) * 64 + (j % 16) * 4
+}
+
+// ANCHOR: score_q8_0
+/// One score against a q8_0 key, as every kernel of [`F32Simd::scores_heads_q8_0`] computes
+/// it: per block `b`, the integer dot product `isum_b` of the codes (exact), then in f32
+/// `((isum_0·(dk_0·dq_0)) + isum_1·(dk_1·dq_1) + …)·scale`, each later block added with one
+/// fused multiply-add. The same operations in the same order in every kernel give the same
+/// bits, so that a query's scores are the same in a decode step and in a prompt.
+#[inline(always)]
+pub fn score_q8_0(isum: impl Iterator<Item = (i32, f32, f32)>, scale: f32) -> f32 {
+    let mut s = 0.0f32;
+    for (b, (i, dk, dq)) in isum.enumerate() {
+        s = if b == 0 {
+            i as f32 * (dk * dq)
+        } else {
+            (i as f32).mul_add(dk * dq, s)
+        };
+    }
+    s * scale
+}
+// ANCHOR_END: score_q8_0
+
+/// [`F32Simd::pack_keys_q8_0`] as plain loops.
+pub fn pack_keys_q8_0_rows(keys: &[&[u8]], hd: usize, kt: &mut [u8], dk: &mut [f32]) {
+    let nb = hd / 32;
+    assert!(hd.is_multiple_of(32) && keys.len() <= KEYS_Q8_0);
+    assert!(kt.len() >= packed_q8_0_bytes(hd) && dk.len() >= nb * KEYS_Q8_0);
+    for (j, k) in keys.iter().enumerate() {
+        for b in 0..nb {
+            let block = &k[b * 34..(b + 1) * 34];
+            dk[b * KEYS_Q8_0 + j] = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            for (i, &c) in block[2..].iter().enumerate() {
+                let d = b * 32 + i;
+                kt[packed_at(hd, j, d / 4) + d % 4] = c ^ 0x80;
+            }
+        }
+    }
+}
+
+/// [`F32Simd::scores_heads_q8_0`] a key and a query at a time.
+#[allow(clippy::too_many_arguments)]
+pub fn scores_heads_q8_0_rows(
+    q: &[BlockQ8_0],
+    hd: usize,
+    kt: &[u8],
+    dk: &[f32],
+    keys: Range<usize>,
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    let nb = hd / 32;
+    for j in keys {
+        for (g, q) in q.chunks_exact(nb).enumerate() {
+            let isum = q.iter().enumerate().map(|(b, qb)| {
+                let mut i = 0i32;
+                for (n, &c) in qb.qs.iter().enumerate() {
+                    let d = b * 32 + n;
+                    let k = kt[packed_at(hd, j, d / 4) + d % 4] as i32 - 128;
+                    i += k * c as i32;
+                }
+                (i, dk[b * KEYS_Q8_0 + j], qb.d.to_f32())
+            });
+            s[g * stride + j] = score_q8_0(isum, scale);
+        }
     }
 }
 

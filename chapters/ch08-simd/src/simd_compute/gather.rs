@@ -135,9 +135,10 @@ pub(super) unsafe fn gather<'a, S: F32Simd>(
     }
 }
 
-/// Fill `rows[..j1 - j0]` with part `head` of the f16 rows of positions `j0..j1` (`2·head.len()`
-/// bytes each), in place, read a run at a time with `run(pos, max)` as [`gather`] reads them.
-pub(super) fn gather_f16<'a>(
+/// Fill `rows[..j1 - j0]` with part `head` of the rows of positions `j0..j1`, encoded as `ty`
+/// (f16, q8_0), in place, read a run at a time with `run(pos, max)` as [`gather`] reads them.
+pub(super) fn gather_encoded<'a>(
+    ty: GgmlType,
     j0: usize,
     j1: usize,
     head: Range<usize>,
@@ -145,26 +146,28 @@ pub(super) fn gather_f16<'a>(
     run: impl Fn(usize, usize) -> KvRows<'a>,
     rows: &mut [&'a [u8]; KEY_TILE],
 ) {
+    let at = |n: usize| {
+        ty.row_bytes(n as u64)
+            .unwrap_or_else(|| panic!("attention: {n} values are not whole {ty} blocks"))
+            as usize
+    };
+    let (rb, b0, b1) = (at(width), at(head.start), at(head.end));
     let mut p = j0;
     while p < j1 {
         let r = run(p, j1 - p);
         let n = r.len(width).min(j1 - p);
         // As in `gather`: a store that gives less than a row, or changes its rows' type within
         // a call, breaks `KvView`'s promise; refused before any kernel reads.
-        let KvRows::Encoded {
-            ty: GgmlType::F16,
-            bytes,
-        } = r
-        else {
-            panic!(
-                "attention: the KV store's rows at position {p} are not the f16 rows it began with"
-            )
+        let bytes = match r {
+            KvRows::Encoded { ty: t, bytes } if t == ty => bytes,
+            _ => panic!(
+                "attention: the KV store's rows at position {p} are not the {ty} rows it began with"
+            ),
         };
         assert!(
             n >= 1,
             "attention: the KV store returned less than one row of {width} values at position {p}"
         );
-        let (rb, b0, b1) = (2 * width, 2 * head.start, 2 * head.end);
         for k in 0..n {
             rows[p - j0 + k] = &bytes[k * rb + b0..k * rb + b1];
         }

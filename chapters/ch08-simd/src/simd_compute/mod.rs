@@ -22,6 +22,9 @@
 //!   parallel region whatever the number of sequences. The rows of a decode step come from all
 //!   over the cache, once each: a unit asks for them two tiles ahead (`prefetcht1`), and chapter
 //!   5's buffers sit on huge pages.
+//! - **A q8_0 cache** is scored in integers where the set can (AVX-512 with VNNI), as
+//!   llama.cpp scores it: the queries rounded to q8_0, each tile's keys packed a key per lane,
+//!   `vpdpbusd` for the blocks' dot products (`F32Simd::keys_q8_0`).
 //! - **RMSNorm, SwiGLU, the residual add** are vector loops; for a prompt their rows are split
 //!   over the threads. SwiGLU's `e^-x` uses a vector `exp` (`simd::x86::act`).
 //! - **RoPE** is the reference's own code, split over tokens: it is exact and cheap.

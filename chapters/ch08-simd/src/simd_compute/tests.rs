@@ -112,12 +112,27 @@ fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
         let view = kv.view(0, 0);
         let tokens = TokenPos::run(0, n - 40, 40);
         let q = &q[(n - 40) * a.q_dim()..n * a.q_dim()];
-        let mut want = vec![0.0; 40 * a.q_dim()];
-        Scalar.attend(&a, q, &tokens, &view, &mut want);
+        let mut exact = vec![0.0; 40 * a.q_dim()];
+        Scalar.attend(&a, q, &tokens, &view, &mut exact);
+        // Where a set takes integer dot products with a q8_0 cache's keys, the queries are
+        // rounded to q8_0 first, as llama.cpp rounds them: the reference given the rounded
+        // queries computes the same scores in f32.
+        let mut rounded = vec![0.0; 40 * a.q_dim()];
+        Scalar.attend(&a, &rounded_q8_0(q), &tokens, &view, &mut rounded);
         for isa in [F32Isa::Portable, F32Isa::Avx2, F32Isa::Avx512] {
             if !isa.is_available() {
                 continue;
             }
+            #[cfg(target_arch = "x86_64")]
+            let integer =
+                isa == F32Isa::Avx512 && <crate::simd::x86::act::Avx512 as F32Simd>::keys_q8_0(64);
+            #[cfg(not(target_arch = "x86_64"))]
+            let integer = false;
+            let want = if t == ROW_Q8_0 && integer {
+                &rounded
+            } else {
+                &exact
+            };
             let c = SimdCompute::with_isa(isa, Arc::new(SpinPool::new(2)));
             let mut got = vec![0.0; want.len()];
             c.attend(&a, q, &tokens, &view, &mut got);
@@ -131,45 +146,80 @@ fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
     }
 }
 
+/// `x` rounded to q8_0 and back, as attention's integer path rounds its queries.
+fn rounded_q8_0(x: &[f32]) -> Vec<f32> {
+    use ch06::quants::{BlockQ8_0, dequantize_row_q8_0, quantize_row_q8_0};
+    let zero = BlockQ8_0 {
+        d: half::f16::ZERO,
+        qs: [0; 32],
+    };
+    let mut blocks = vec![zero; x.len() / 32];
+    quantize_row_q8_0(x, &mut blocks);
+    let mut out = vec![0.0; x.len()];
+    dequantize_row_q8_0(&blocks, &mut out);
+    out
+}
+
 /// A query's attention is the same bits whether it comes alone (a decode step) or among
 /// others (a prompt chunk of any length), on one thread or several: the key segments are
-/// fixed positions. A server relies on it for a request to answer the same in any batch.
+/// fixed positions, and every path a unit takes (an f16 cache read in place or decoded, a q8_0
+/// cache's integer scores) gives the same bits. A server relies on it for a request to answer
+/// the same in any batch. On an f32 cache, and on f16 and q8_0 ones.
 #[test]
 fn a_querys_result_does_not_depend_on_its_batch_or_the_threads() {
+    use ch03::KvStore;
+    use ch05::{CacheTypes, ContiguousCache, Overflow, RowType};
     let a = Attention {
         rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
         ..attention()
     };
     let (n, qd) = (700, a.q_dim());
-    let kv = Store::new(n);
+    let store = Store::new(n);
     let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect(); // (n, 2 heads, 64)
-    let run = |threads: usize, rows: std::ops::Range<usize>| {
-        let c = SimdCompute::new(&KernelSet::best(), Arc::new(SpinPool::new(threads)));
-        let mut out = vec![0.0; rows.len() * qd];
-        let tokens = TokenPos::run(0, rows.start, rows.len());
-        c.attend(
-            &a,
-            &q[rows.start * qd..rows.end * qd],
-            &tokens,
-            &kv,
-            &mut out,
-        );
-        out
+    let encoded = |t: RowType| {
+        let types = CacheTypes { k: t, v: t };
+        let mut kv = ContiguousCache::try_typed(1, 64, n, Overflow::Error, types).unwrap();
+        kv.reserve(0, 0..n).unwrap();
+        for p in 0..n {
+            kv.store(0, 0, p, &store.0[p * 64..][..64], &store.1[p * 64..][..64]);
+        }
+        kv
     };
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let chunk = run(2, 600..700);
-    for (i, row) in [(0, 600), (50, 650), (99, 699)] {
-        let alone = run(1, row..row + 1);
-        assert_eq!(
-            bits(&alone),
-            bits(&run(2, row..row + 1)),
-            "row {row}: threads"
-        );
-        assert_eq!(
-            bits(&alone),
-            bits(&chunk[i * qd..(i + 1) * qd]),
-            "row {row}: batch"
-        );
+    let (f16, q8_0) = (encoded(RowType::F16), encoded(ch06::cache::ROW_Q8_0));
+    let caches: [(&str, &dyn KvView); 3] = [
+        ("f32", &store),
+        ("f16", &f16.view(0, 0)),
+        ("q8_0", &q8_0.view(0, 0)),
+    ];
+    for (name, kv) in caches {
+        let run = |threads: usize, rows: std::ops::Range<usize>| {
+            let c = SimdCompute::new(&KernelSet::best(), Arc::new(SpinPool::new(threads)));
+            let mut out = vec![0.0; rows.len() * qd];
+            let tokens = TokenPos::run(0, rows.start, rows.len());
+            c.attend(
+                &a,
+                &q[rows.start * qd..rows.end * qd],
+                &tokens,
+                kv,
+                &mut out,
+            );
+            out
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let chunk = run(2, 600..700);
+        for (i, row) in [(0, 600), (50, 650), (99, 699)] {
+            let alone = run(1, row..row + 1);
+            assert_eq!(
+                bits(&alone),
+                bits(&run(2, row..row + 1)),
+                "{name} cache, row {row}: threads"
+            );
+            assert_eq!(
+                bits(&alone),
+                bits(&chunk[i * qd..(i + 1) * qd]),
+                "{name} cache, row {row}: batch"
+            );
+        }
     }
 }
 

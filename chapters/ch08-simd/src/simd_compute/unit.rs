@@ -3,11 +3,12 @@
 //! softmax. The unit writes its rows of the output, or its partial `(m, l, acc)` when the keys
 //! were split and the results are merged afterwards (`plan.rs`).
 
-use super::gather::{gather, gather_f16, prefetch_kv};
+use super::gather::{gather, gather_encoded, prefetch_kv};
 use super::{KEY_TILE, Out};
-use crate::simd::F32Simd;
+use crate::simd::{F32Simd, KEYS_Q8_0, packed_q8_0_bytes};
 use ch01::GgmlType;
 use ch03::{Attention, KvRows, KvView, TokenPos};
+use ch06::quants::blocks::BlockQ8_0;
 use std::ops::Range;
 
 // ANCHOR: attend_job
@@ -30,7 +31,13 @@ pub(super) struct Tile {
     vis: Vec<(usize, usize)>, // (rows): the keys each row sees, within the unit's range
     kdec: Vec<f32>,           // (KEY_TILE, head_dim): a tile's keys, decoded from an f16/q8_0 cache
     vdec: Vec<f32>,           // (KEY_TILE, head_dim): its values, likewise
+    q8: Vec<BlockQ8_0>,       // (n_qv, head_dim / 32): the queries rounded, for a q8_0 cache
+    kt8: Vec<u8>,             // a tile's q8_0 keys packed for the set's integer dot products
+    dk: Vec<f32>,             // (head_dim / 32, KEY_TILE): their block scales
 }
+
+// The integer kernels pack a whole tile of keys at a time.
+const _: () = assert!(KEY_TILE == KEYS_Q8_0);
 // ANCHOR_END: attend_job
 
 impl Tile {
@@ -47,6 +54,9 @@ impl Tile {
         at_least(&mut self.vis, rows);
         at_least(&mut self.kdec, KEY_TILE * hd);
         at_least(&mut self.vdec, KEY_TILE * hd);
+        at_least(&mut self.q8, nq * hd.div_ceil(32));
+        at_least(&mut self.kt8, packed_q8_0_bytes(hd));
+        at_least(&mut self.dk, hd.div_ceil(32) * KEY_TILE);
     }
 }
 
@@ -107,6 +117,38 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
     vdec.resize(KEY_TILE * hd, 0.0);
     // ANCHOR_END: attend_unit
 
+    // ANCHOR: attend_q8
+    // A q8_0 key cache, where the set takes integer dot products: the queries rounded to q8_0
+    // once for the unit, as llama.cpp rounds them, and each tile's keys packed once for all
+    // its rows (`F32Simd::keys_q8_0`).
+    let q8 = lo < hi
+        && S::keys_q8_0(hd)
+        && matches!(
+            j.kv.key_run(lo, 1),
+            KvRows::Encoded {
+                ty: GgmlType::Q8_0,
+                ..
+            }
+        );
+    let nb = hd / 32;
+    if q8 {
+        let zero = BlockQ8_0 {
+            d: half::f16::ZERO,
+            qs: [0; 32],
+        };
+        t.q8.clear();
+        t.q8.resize(nq * nb, zero);
+        t.kt8.resize(packed_q8_0_bytes(hd), 0);
+        t.dk.resize(nb * KEY_TILE, 0.0);
+        for r in 0..nr {
+            // SAFETY: `S`'s instructions are enabled (this function's contract).
+            unsafe {
+                S::quantize_q8_0(q_group(r), &mut t.q8[r * group * nb..(r + 1) * group * nb])
+            };
+        }
+    }
+    // ANCHOR_END: attend_q8
+
     // ANCHOR: attend_tile
     // Ask for the keys and values ahead of use, two tiles ahead: a decode step reads every
     // sequence's cache once, rows of one KV head a few lines apart, which the hardware does
@@ -138,12 +180,13 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
         // vectors from any other.
         let mut krows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
         let mut vrows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
-        let mut khalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE];
+        let mut khalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE]; // f16 rows, or q8_0 ones to pack
         let mut vhalf: [&[u8]; KEY_TILE] = [&[]; KEY_TILE];
         // ANCHOR_END: attend_tile
         // ANCHOR: attend_gather
         if in_place {
-            gather_f16(
+            gather_encoded(
+                GgmlType::F16,
                 j0,
                 j1,
                 head.clone(),
@@ -151,7 +194,8 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
                 |p, m| j.kv.key_run(p, m),
                 &mut khalf,
             );
-            gather_f16(
+            gather_encoded(
+                GgmlType::F16,
                 j0,
                 j1,
                 head.clone(),
@@ -162,15 +206,29 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
         } else {
             // SAFETY: `S`'s instructions are enabled (this function's contract).
             unsafe {
-                gather::<S>(
-                    j0,
-                    j1,
-                    kvh * hd..(kvh + 1) * hd,
-                    kvd,
-                    |p, m| j.kv.key_run(p, m),
-                    &mut kdec,
-                    &mut krows,
-                );
+                if q8 {
+                    let key_run = |p, m| j.kv.key_run(p, m);
+                    gather_encoded(
+                        GgmlType::Q8_0,
+                        j0,
+                        j1,
+                        head.clone(),
+                        kvd,
+                        key_run,
+                        &mut khalf,
+                    );
+                    S::pack_keys_q8_0(&khalf[..j1 - j0], hd, &mut t.kt8, &mut t.dk);
+                } else {
+                    gather::<S>(
+                        j0,
+                        j1,
+                        kvh * hd..(kvh + 1) * hd,
+                        kvd,
+                        |p, m| j.kv.key_run(p, m),
+                        &mut kdec,
+                        &mut krows,
+                    );
+                }
                 gather::<S>(
                     j0,
                     j1,
@@ -195,14 +253,21 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
             // scores `KEY_TILE` apart in `t.s`, their accumulators side by side in `t.acc`.
             let s0 = r * group * KEY_TILE;
             // Scores for all of them, each key read once for the group.
-            let (q, s) = (q_group(r), &mut t.s[s0 + a..]);
+            let q = q_group(r);
             // SAFETY: `S`'s instructions are enabled (this function's contract); the gathers
             // filled rows `a..b` of the tile with `hd`-value rows of the keys, as the kernels
             // need, and `t.s` holds `KEY_TILE` scores for every query vector of the unit.
             unsafe {
-                match in_place {
-                    true => S::scores_heads_f16(q, hd, &khalf[a..b], scale, s, KEY_TILE),
-                    false => S::scores_heads(q, hd, &krows[a..b], scale, s, KEY_TILE),
+                let s = &mut t.s[s0..];
+                let q8 = q8.then(|| &t.q8[r * group * nb..(r + 1) * group * nb]);
+                match (in_place, q8) {
+                    (true, _) => {
+                        S::scores_heads_f16(q, hd, &khalf[a..b], scale, &mut s[a..], KEY_TILE)
+                    }
+                    (_, Some(q8)) => {
+                        S::scores_heads_q8_0(q8, hd, &t.kt8, &t.dk, a..b, scale, s, KEY_TILE)
+                    }
+                    _ => S::scores_heads(q, hd, &krows[a..b], scale, &mut s[a..], KEY_TILE),
                 }
             };
             // ANCHOR_END: attend_softmax

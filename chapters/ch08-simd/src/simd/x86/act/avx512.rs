@@ -7,6 +7,8 @@
 //! Every function needs AVX2, FMA, F16C and AVX-512 F enabled by the caller.
 
 use super::*;
+use crate::simd::{KEYS_Q8_0, packed_q8_0_bytes};
+use ch06::quants::blocks::BlockQ8_0;
 
 /// AVX-512 F: the attention kernels on sixteen lanes; everything else as [`Avx2`] (which an
 /// AVX-512 CPU also has).
@@ -241,6 +243,207 @@ unsafe fn weighted_sum_heads512<const V: usize, const G: usize, R: Lanes16>(
     }
 }
 
+/// Transposes sixteen rows of sixteen lanes in registers: lane `j` of `r[i]` becomes lane `i`
+/// of `r[j]`. Four rounds of sixteen shuffles: pairs of rows interleaved, then fours, then
+/// 128-bit lanes exchanged twice.
+///
+/// # Safety
+/// AVX-512 F is enabled.
+#[inline(always)]
+unsafe fn transpose16(r: &mut [__m512; 16]) {
+    // SAFETY: registers only; the caller enables AVX-512 F.
+    unsafe {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            // In each 128-bit lane k: rows 2i and 2i + 1 at columns 4k, 4k + 1 (lo), 4k + 2,
+            // 4k + 3 (hi).
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for q in 0..4 {
+            // Register 4q + c, lane k: column 4k + c of rows 4q..4q + 4.
+            let t = &t[4 * q..4 * q + 4];
+            r[4 * q] = _mm512_shuffle_ps::<0x44>(t[0], t[2]);
+            r[4 * q + 1] = _mm512_shuffle_ps::<0xEE>(t[0], t[2]);
+            r[4 * q + 2] = _mm512_shuffle_ps::<0x44>(t[1], t[3]);
+            r[4 * q + 3] = _mm512_shuffle_ps::<0xEE>(t[1], t[3]);
+        }
+        for c in 0..4 {
+            for h in [0, 8] {
+                // Lanes: columns c and 8 + c (0x88), 4 + c and 12 + c (0xDD), of rows h..h + 8.
+                t[h + c] = _mm512_shuffle_f32x4::<0x88>(r[h + c], r[h + 4 + c]);
+                t[h + 4 + c] = _mm512_shuffle_f32x4::<0xDD>(r[h + c], r[h + 4 + c]);
+            }
+        }
+        for c in 0..4 {
+            for d in [0, 4] {
+                r[c + d] = _mm512_shuffle_f32x4::<0x88>(t[c + d], t[8 + c + d]);
+                r[8 + c + d] = _mm512_shuffle_f32x4::<0xDD>(t[c + d], t[8 + c + d]);
+            }
+        }
+    }
+}
+
+/// [`F32Simd::pack_keys_q8_0`] for heads of `32·NB` values (`NB` even): each key's codes read
+/// 64 at a time (two blocks, past their scales), made unsigned by flipping their top bit, and
+/// the groups of 4 of sixteen keys transposed ([`transpose16`]).
+///
+/// # Safety
+/// AVX-512 F and F16C are enabled.
+#[inline(always)]
+unsafe fn pack_keys_q8_0_512<const NB: usize>(keys: &[&[u8]], kt: &mut [u8], dk: &mut [f32]) {
+    let hd = 32 * NB;
+    assert!(NB.is_multiple_of(2) && keys.len() <= KEYS_Q8_0);
+    assert!(kt.len() >= packed_q8_0_bytes(hd) && dk.len() >= NB * KEYS_Q8_0);
+    assert!(keys.iter().all(|k| k.len() >= 34 * NB));
+    // SAFETY: each load reads 32 codes of block `2c` or `2c + 1 < NB` of a row of `34·NB` bytes
+    // (asserted); each store writes 64 bytes at group `t < hd / 4` of a block of 16 keys of the
+    // tile, inside `kt` (asserted). AVX-512 F is enabled by the caller.
+    unsafe {
+        let flip = _mm512_set1_epi8(i8::MIN);
+        for b16 in (0..keys.len()).step_by(16) {
+            let n = (keys.len() - b16).min(16);
+            for c in 0..NB / 2 {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (r, k) in r.iter_mut().zip(&keys[b16..b16 + n]) {
+                    let lo = _mm256_loadu_si256(k.as_ptr().add(2 * c * 34 + 2) as *const __m256i);
+                    let hi =
+                        _mm256_loadu_si256(k.as_ptr().add((2 * c + 1) * 34 + 2) as *const __m256i);
+                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    *r = _mm512_castsi512_ps(_mm512_xor_si512(v, flip));
+                }
+                // Now lane j of r[l] is key j's codes 64c + 4l..64c + 4l + 4.
+                transpose16(&mut r);
+                for (l, r) in r.iter().enumerate() {
+                    let at = ((b16 / 16) * (hd / 4) + 16 * c + l) * 64;
+                    _mm512_storeu_ps(kt.as_mut_ptr().add(at) as *mut f32, *r);
+                }
+            }
+            for (j, k) in keys[b16..b16 + n].iter().enumerate() {
+                for b in 0..NB {
+                    let d = half::f16::from_le_bytes([k[34 * b], k[34 * b + 1]]);
+                    dk[b * KEYS_Q8_0 + b16 + j] = d.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// [`F32Simd::scores_heads_q8_0`] for `G` queries of `32·NB` values, sixteen keys at a time,
+/// one per lane: `vpdpbusd` multiplies four of the keys' unsigned codes by four of a query's and
+/// adds them to the key's lane, eight times a block; `128·Σ q` taken away leaves each key's
+/// exact integer dot product with the block, and [`score_q8_0`](crate::simd::score_q8_0)'s
+/// float steps follow, lane by lane. The `G·NB` sums are independent, so that the multiply-adds
+/// of one do not wait for another's: each packed row of codes is loaded once for all `G`.
+///
+/// # Safety
+/// AVX-512 F and VNNI are enabled (this function's own).
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_q8_0_vnni<const NB: usize, const G: usize>(
+    q: &[BlockQ8_0],
+    kt: &[u8],
+    dk: &[f32],
+    keys: &std::ops::Range<usize>,
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    let hd = 32 * NB;
+    assert!(q.len() >= G * NB && kt.len() >= packed_q8_0_bytes(hd) && dk.len() >= NB * KEYS_Q8_0);
+    assert!(keys.end <= KEYS_Q8_0 && s.len() >= (G - 1) * stride + KEYS_Q8_0);
+    // Per query and block: the codes four at a time, broadcast, and 128 times their sum.
+    let mut q4 = [[[_mm512_setzero_si512(); 8]; NB]; G];
+    let mut corr = [[_mm512_setzero_si512(); NB]; G];
+    let mut dq = [[0.0f32; NB]; G];
+    for g in 0..G {
+        for b in 0..NB {
+            let qb = &q[g * NB + b];
+            for (i, c) in qb.qs.chunks_exact(4).enumerate() {
+                let w = i32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]);
+                q4[g][b][i] = _mm512_set1_epi32(w);
+            }
+            let sum = qb.qs.iter().map(|&c| c as i32).sum::<i32>();
+            corr[g][b] = _mm512_set1_epi32(128 * sum);
+            dq[g][b] = qb.d.to_f32();
+        }
+    }
+    let vs = _mm512_set1_ps(scale);
+    for blk in keys.start / 16..keys.end.div_ceil(16) {
+        let at = 16 * blk;
+        let (lo, hi) = (
+            keys.start.clamp(at, at + 16) - at,
+            keys.end.clamp(at, at + 16) - at,
+        );
+        let mask: __mmask16 = ((1u32 << hi) - (1u32 << lo)) as __mmask16;
+        let mut acc = [[_mm512_setzero_si512(); NB]; G];
+        for b in 0..NB {
+            for i in 0..8 {
+                // SAFETY: group `8b + i < hd / 4` of key block `blk < 2` lies inside `kt`
+                // (asserted).
+                let k = unsafe {
+                    let at = (blk * (hd / 4) + 8 * b + i) * 64;
+                    _mm512_loadu_si512(kt.as_ptr().add(at) as *const __m512i)
+                };
+                for (acc, q4) in acc.iter_mut().zip(&q4) {
+                    acc[b] = _mm512_dpbusd_epi32(acc[b], k, q4[b][i]);
+                }
+            }
+        }
+        for g in 0..G {
+            let mut sum = _mm512_setzero_ps();
+            for b in 0..NB {
+                // The keys' codes carry +128: take away 128 times the query's codes' sum.
+                let f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[g][b], corr[g][b]));
+                // SAFETY: the scales of block `b` of keys `at..at + 16 <= KEYS_Q8_0` lie inside
+                // `dk` (asserted).
+                let d = unsafe { _mm512_loadu_ps(dk.as_ptr().add(b * KEYS_Q8_0 + at)) };
+                let d = _mm512_mul_ps(d, _mm512_set1_ps(dq[g][b]));
+                sum = match b {
+                    0 => _mm512_mul_ps(f, d),
+                    _ => _mm512_fmadd_ps(f, d, sum),
+                };
+            }
+            // SAFETY: lanes `at + lo..at + hi` of row `g < G` lie inside `s` (asserted); the
+            // masked-off lanes are not touched.
+            unsafe {
+                let out = s.as_mut_ptr().add(g * stride + at);
+                _mm512_mask_storeu_ps(out, mask, _mm512_mul_ps(sum, vs));
+            }
+        }
+    }
+}
+
+/// [`scores_q8_0_vnni`] over any number of queries, four at a time.
+///
+/// # Safety
+/// AVX-512 F and VNNI are enabled (this function's own).
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_q8_0_vnni_any<const NB: usize>(
+    q: &[BlockQ8_0],
+    kt: &[u8],
+    dk: &[f32],
+    keys: std::ops::Range<usize>,
+    scale: f32,
+    s: &mut [f32],
+    stride: usize,
+) {
+    let n = q.len() / NB;
+    for g0 in (0..n).step_by(4) {
+        let (q, s) = (&q[g0 * NB..], &mut s[g0 * stride..]);
+        // SAFETY: this function's features; the kernel checks its slices.
+        unsafe {
+            match n - g0 {
+                1 => scores_q8_0_vnni::<NB, 1>(q, kt, dk, &keys, scale, s, stride),
+                2 => scores_q8_0_vnni::<NB, 2>(q, kt, dk, &keys, scale, s, stride),
+                3 => scores_q8_0_vnni::<NB, 3>(q, kt, dk, &keys, scale, s, stride),
+                _ => scores_q8_0_vnni::<NB, 4>(q, kt, dk, &keys, scale, s, stride),
+            }
+        }
+    }
+}
+
 /// The heads `0..g` of `hd` values in the runs the group kernels take: threes of 64 values
 /// (twelve query registers), twos of 128 (sixteen), the rest one run shorter; `None` for any
 /// other head size.
@@ -428,6 +631,51 @@ impl F32Simd for Avx512 {
         }
     }
 
+    #[inline(always)]
+    unsafe fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+        // SAFETY: the CPU has AVX2, FMA and F16C, which every caller of `Avx512` enables with
+        // AVX-512 F; the quantizer gives chapter 6's bytes (`tests/kernels.rs`).
+        unsafe { crate::simd::x86::avx2::quantize_row_q8_0(x, y) }
+    }
+    fn keys_q8_0(hd: usize) -> bool {
+        (hd == 64 || hd == 128) && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[inline(always)]
+    unsafe fn pack_keys_q8_0(keys: &[&[u8]], hd: usize, kt: &mut [u8], dk: &mut [f32]) {
+        // SAFETY: AVX-512 F and F16C are enabled by the caller; the kernel checks its slices.
+        unsafe {
+            match hd {
+                64 => pack_keys_q8_0_512::<2>(keys, kt, dk),
+                128 => pack_keys_q8_0_512::<4>(keys, kt, dk),
+                _ => crate::simd::pack_keys_q8_0_rows(keys, hd, kt, dk),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn scores_heads_q8_0(
+        q: &[BlockQ8_0],
+        hd: usize,
+        kt: &[u8],
+        dk: &[f32],
+        keys: std::ops::Range<usize>,
+        scale: f32,
+        s: &mut [f32],
+        stride: usize,
+    ) {
+        // The kernel needs VNNI besides this set's AVX-512 F: checked here, so that the call is
+        // sound whatever `keys_q8_0` said (the check is one load of a cached flag).
+        if !std::is_x86_feature_detected!("avx512vnni") || !(hd == 64 || hd == 128) {
+            return crate::simd::scores_heads_q8_0_rows(q, hd, kt, dk, keys, scale, s, stride);
+        }
+        // SAFETY: the CPU has AVX-512 F (this set's contract) and VNNI (checked above); the
+        // kernel checks its slices.
+        unsafe {
+            match hd {
+                64 => scores_q8_0_vnni_any::<2>(q, kt, dk, keys, scale, s, stride),
+                _ => scores_q8_0_vnni_any::<4>(q, kt, dk, keys, scale, s, stride),
+            }
+        }
+    }
     fn heads_f16(hd: usize, _group: usize) -> bool {
         hd == 64 || hd == 128
     }
