@@ -1,7 +1,8 @@
-//! One decoded token's product with a matrix far larger than the caches, the way a decoder
+//! One decoded token's product with a matrix larger than most CPUs' caches, the way a decoder
 //! meets it: every weight byte read once, in order. The matrix has the shape and type of Gemma
 //! 3's output table (262,144 × 640, Q8_0: 178 MB), the largest single read of a model with a
-//! large vocabulary.
+//! large vocabulary. (A server CPU's last-level cache can hold it: for a stream from memory on
+//! any machine, see the `prefetch_distance` example, which reads a whole 8B model.)
 //!
 //! Members, for one and two threads: `plain` (neither of the two below), `prefetch` (the
 //! kernels ask for lines [`PREFETCH`] bytes ahead), `huge_pages` (the packed bytes advised onto

@@ -74,11 +74,14 @@ const QK_K: usize = 256;
 ///
 /// One token's product reads every weight byte once, in order, so it runs at the speed memory
 /// delivers lines to one core. The hardware prefetchers guess that order but stop at every
-/// 4 KiB page boundary, where the core then waits for memory. Asking 4 KiB (64 lines) ahead
-/// keeps the requests going across the boundary. Measured on a matrix the size of Gemma 3's
-/// 178 MB Q8_0 output table (`cargo bench -p ch08 --bench memory`): on huge pages, 1.4–1.6×
-/// the speed without it; 2 KiB and 8 KiB measured no better.
-pub const PREFETCH: usize = 4096;
+/// 4 KiB page boundary, where the core then waits for memory. Asking ahead keeps the requests
+/// going across the boundary. Asking too far ahead measured slower, most likely because the
+/// core's few slots for lines in flight then hold lines it needs later, ahead of the ones it
+/// needs now. Measured on an 8B model's
+/// token, every matrix once, more than any cache holds (`cargo run --release -p ch08 --example
+/// prefetch_distance`, an Intel Xeon, 1 and 2 threads): 1–2 KiB ahead is the best, 4 KiB and
+/// 8 KiB are 14–20 % slower, and on one thread even slower than not asking at all.
+pub const PREFETCH: usize = 2048;
 // ANCHOR_END: prefetch
 
 /// True when this CPU can run the micro-kernels.
