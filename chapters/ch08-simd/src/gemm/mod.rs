@@ -77,10 +77,10 @@ const QK_K: usize = 256;
 /// 4 KiB page boundary, where the core then waits for memory. Asking ahead keeps the requests
 /// going across the boundary. Asking too far ahead measured slower, most likely because the
 /// core's few slots for lines in flight then hold lines it needs later, ahead of the ones it
-/// needs now. Measured on an 8B model's
-/// token, every matrix once, more than any cache holds (`cargo run --release -p ch08 --example
-/// prefetch_distance`, an Intel Xeon, 1 and 2 threads): 1–2 KiB ahead is the best, 4 KiB and
-/// 8 KiB are 14–20 % slower, and on one thread even slower than not asking at all.
+/// needs now. Measured on an 8B model's token, every matrix once, more than any cache holds
+/// (`cargo run --release -p ch08 --example prefetch_distance`, an Intel Xeon, 1 and 2
+/// threads): 1–2 KiB ahead is the best; 4 KiB and 8 KiB are 14–20 % slower, slower even than
+/// not asking at all.
 pub const PREFETCH: usize = 2048;
 // ANCHOR_END: prefetch
 
