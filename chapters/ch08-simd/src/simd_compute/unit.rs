@@ -242,50 +242,67 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
         }
         // ANCHOR_END: attend_gather
         // ANCHOR: attend_softmax
-        for r in 0..nr {
-            // The keys of the tile this row sees, as indices into the tile.
+        // The rows in runs that see the same keys of the tile (all of them, but for the tiles
+        // on the diagonal): each row's scores and weights, then the run's weighted values in
+        // one call, each value row read once for several rows' query vectors.
+        let seen = |r: usize| {
             let (vlo, vhi) = t.vis[r];
-            let (a, b) = (vlo.clamp(j0, j1) - j0, vhi.clamp(j0, j1) - j0);
+            (vlo.clamp(j0, j1) - j0, vhi.clamp(j0, j1) - j0)
+        };
+        let mut r = 0;
+        while r < nr {
+            // The keys of the tile this row sees, as indices into the tile.
+            let (a, b) = seen(r);
             if a >= b {
+                r += 1;
                 continue; // this row sees none of the tile's keys
             }
-            // The row's query vectors of this KV head's group: side by side in `q`, their
-            // scores `KEY_TILE` apart in `t.s`, their accumulators side by side in `t.acc`.
-            let s0 = r * group * KEY_TILE;
-            // Scores for all of them, each key read once for the group.
-            let q = q_group(r);
-            // SAFETY: `S`'s instructions are enabled (this function's contract); the gathers
-            // filled rows `a..b` of the tile with `hd`-value rows of the keys, as the kernels
-            // need, and `t.s` holds `KEY_TILE` scores for every query vector of the unit.
-            unsafe {
-                let s = &mut t.s[s0..];
-                let q8 = q8.then(|| &t.q8[r * group * nb..(r + 1) * group * nb]);
-                match (in_place, q8) {
-                    (true, _) => {
-                        S::scores_heads_f16(q, hd, &khalf[a..b], scale, &mut s[a..], KEY_TILE)
-                    }
-                    (_, Some(q8)) => {
-                        S::scores_heads_q8_0(q8, hd, &t.kt8, &t.dk, a..b, scale, s, KEY_TILE)
-                    }
-                    _ => S::scores_heads(q, hd, &krows[a..b], scale, &mut s[a..], KEY_TILE),
-                }
-            };
-            // ANCHOR_END: attend_softmax
-            // ANCHOR: attend_weights
-            for g in 0..group {
-                // The online softmax: rescale what was accumulated if the maximum grew, and
-                // turn this tile's scores into weights.
-                let qv = r * group + g;
-                let s = &mut t.s[qv * KEY_TILE + a..qv * KEY_TILE + b];
-                let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
-                // SAFETY: `S`'s instructions are enabled (this function's contract).
-                unsafe { online_softmax::<S>(s, &mut t.m[qv], &mut t.l[qv], acc) };
+            let mut run_end = r + 1;
+            while run_end < nr && seen(run_end) == (a, b) {
+                run_end += 1;
             }
-            // The weighted values, each value row read once for the group.
-            let acc = &mut t.acc[r * group * hd..(r + 1) * group * hd];
-            let p = &t.s[s0 + a..];
+            for r in r..run_end {
+                // The row's query vectors of this KV head's group: side by side in `q`, their
+                // scores `KEY_TILE` apart in `t.s`, their accumulators side by side in `t.acc`.
+                let s0 = r * group * KEY_TILE;
+                // Scores for all of them, each key read once for the group.
+                let q = q_group(r);
+                // SAFETY: `S`'s instructions are enabled (this function's contract); the
+                // gathers filled rows `a..b` of the tile with `hd`-value rows of the keys, as
+                // the kernels need, and `t.s` holds `KEY_TILE` scores for every query vector
+                // of the unit.
+                unsafe {
+                    let s = &mut t.s[s0..];
+                    let q8 = q8.then(|| &t.q8[r * group * nb..(r + 1) * group * nb]);
+                    match (in_place, q8) {
+                        (true, _) => {
+                            S::scores_heads_f16(q, hd, &khalf[a..b], scale, &mut s[a..], KEY_TILE)
+                        }
+                        (_, Some(q8)) => {
+                            S::scores_heads_q8_0(q8, hd, &t.kt8, &t.dk, a..b, scale, s, KEY_TILE)
+                        }
+                        _ => S::scores_heads(q, hd, &krows[a..b], scale, &mut s[a..], KEY_TILE),
+                    }
+                };
+                // ANCHOR_END: attend_softmax
+                // ANCHOR: attend_weights
+                for g in 0..group {
+                    // The online softmax: rescale what was accumulated if the maximum grew,
+                    // and turn this tile's scores into weights.
+                    let qv = r * group + g;
+                    let s = &mut t.s[qv * KEY_TILE + a..qv * KEY_TILE + b];
+                    let acc = &mut t.acc[qv * hd..(qv + 1) * hd];
+                    // SAFETY: `S`'s instructions are enabled (this function's contract).
+                    unsafe { online_softmax::<S>(s, &mut t.m[qv], &mut t.l[qv], acc) };
+                }
+            }
+            // The weighted values for the run's query vectors (each its weights `KEY_TILE`
+            // apart, as for one row), each value row read once for as many as the kernels
+            // take at a time.
+            let acc = &mut t.acc[r * group * hd..run_end * group * hd];
+            let p = &t.s[r * group * KEY_TILE + a..];
             // SAFETY: `S`'s instructions are enabled; `acc` holds `hd` values for each of the
-            // group's query vectors and the gathers filled rows `a..b` of the tile with
+            // run's query vectors and the gathers filled rows `a..b` of the tile with
             // `hd`-value rows of the values, as the kernels need.
             unsafe {
                 match in_place {
@@ -293,6 +310,7 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
                     false => S::weighted_sum_heads(acc, hd, p, KEY_TILE, &vrows[a..b]),
                 }
             };
+            r = run_end;
         }
         j0 = j1;
     }

@@ -86,6 +86,40 @@ unsafe fn weighted_sum_regs<const V: usize>(acc: &mut [f32], p: &[f32], vals: &[
     }
 }
 
+/// [`F32Simd::exp_sum`] from element `i` on, `sum` holding the eight lanes' sums of the
+/// elements before it (`Avx512`'s sixteen-lane loop hands over here for the last eights and
+/// the tail, so both give the same bits).
+///
+/// # Safety
+/// AVX2 and FMA are enabled.
+#[inline(always)]
+pub(super) unsafe fn exp_sum_from(x: &mut [f32], m: f32, mut i: usize, mut sum: __m256) -> f32 {
+    let n = x.len();
+    let px = x.as_mut_ptr();
+    // SAFETY: every load and store is at `i` with `i + 8 <= x.len()`, and the tail goes through
+    // a local array of 8; AVX2 and FMA are enabled by the caller.
+    unsafe {
+        let vm = _mm256_set1_ps(m);
+        while i + 8 <= n {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(px.add(i)), vm));
+            _mm256_storeu_ps(px.add(i), e);
+            sum = _mm256_add_ps(sum, e);
+            i += 8;
+        }
+        let mut s = hsum(sum);
+        if i < n {
+            // The tail through the same exp, so every element sees one formula.
+            let mut buf = [f32::NEG_INFINITY; 8];
+            buf[..n - i].copy_from_slice(&x[i..]);
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(buf.as_ptr()), vm));
+            _mm256_storeu_ps(buf.as_mut_ptr(), e);
+            x[i..].copy_from_slice(&buf[..n - i]);
+            s += buf[..n - i].iter().sum::<f32>();
+        }
+        s
+    }
+}
+
 impl F32Simd for Avx2 {
     #[inline(always)]
     unsafe fn scores(q: &[f32], keys: &[&[f32]], scale: f32, s: &mut [f32]) {
@@ -227,32 +261,8 @@ impl F32Simd for Avx2 {
 
     #[inline(always)]
     unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
-        let n = x.len();
-        let px = x.as_mut_ptr();
-        // SAFETY: every load and store is at `i` with `i + 8 <= x.len()`, and the tail goes through
-        // a local array of 8; AVX2 and FMA are enabled by the caller.
-        unsafe {
-            let vm = _mm256_set1_ps(m);
-            let mut sum = _mm256_setzero_ps();
-            let mut i = 0;
-            while i + 8 <= n {
-                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(px.add(i)), vm));
-                _mm256_storeu_ps(px.add(i), e);
-                sum = _mm256_add_ps(sum, e);
-                i += 8;
-            }
-            let mut s = hsum(sum);
-            if i < n {
-                // The tail through the same exp, so every element sees one formula.
-                let mut buf = [f32::NEG_INFINITY; 8];
-                buf[..n - i].copy_from_slice(&x[i..]);
-                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(buf.as_ptr()), vm));
-                _mm256_storeu_ps(buf.as_mut_ptr(), e);
-                x[i..].copy_from_slice(&buf[..n - i]);
-                s += buf[..n - i].iter().sum::<f32>();
-            }
-            s
-        }
+        // SAFETY: AVX2 and FMA are enabled by the caller.
+        unsafe { exp_sum_from(x, m, 0, _mm256_setzero_ps()) }
     }
 
     #[inline(always)]

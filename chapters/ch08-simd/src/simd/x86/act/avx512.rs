@@ -1,7 +1,8 @@
 //! [`Avx512`]: attention's two arithmetic-bound kernels, scores and weighted sums, on sixteen
 //! lanes (AVX-512 F) — for one query, and for the query heads of one KV head at once, each key
 //! and value row loaded once for all of them, read from f32 rows or converted from f16 as it is
-//! loaded. Everything else is [`Avx2`]'s.
+//! loaded — and softmax's `exp` (`exp16`, [`exp8`]'s operations on sixteen lanes, the same
+//! bits). Everything else is [`Avx2`]'s.
 //!
 //! # Safety
 //! Every function needs AVX2, FMA, F16C and AVX-512 F enabled by the caller.
@@ -163,6 +164,38 @@ unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
         let vs = _mm_set1_ps(scale);
         let out = s.as_mut_ptr();
         let mut j = 0;
+        // Sixteen keys at a time: the same sums as the four-key step below, taken for four
+        // keys at once in each step of the tree ([`sum_tree16`]).
+        let vs16 = _mm512_set1_ps(scale);
+        while j + 16 <= keys.len() {
+            let mut e = [[_mm512_setzero_ps(); 2]; G]; // (G, 2): keys j..j + 8, j + 8..j + 16
+            for (h, eh) in [0, 8].into_iter().enumerate() {
+                let mut d = [[_mm512_setzero_ps(); 2]; G]; // (G, 2): fours of keys
+                for (b, j4) in [j + eh, j + eh + 4].into_iter().enumerate() {
+                    let k = [&keys[j4], &keys[j4 + 1], &keys[j4 + 2], &keys[j4 + 3]];
+                    let mut acc = [[_mm512_setzero_ps(); 4]; G];
+                    for i in 0..V {
+                        for (kk, kp) in k.iter().enumerate() {
+                            let kv = kp.lanes16(i);
+                            for (a, qg) in acc.iter_mut().zip(&qr) {
+                                a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
+                            }
+                        }
+                    }
+                    for (dg, a) in d.iter_mut().zip(&acc) {
+                        dg[b] = tree_pairs(tree_halves(a[0], a[1]), tree_halves(a[2], a[3]));
+                    }
+                }
+                for (eg, dg) in e.iter_mut().zip(&d) {
+                    eg[h] = tree_pairs(dg[0], dg[1]);
+                }
+            }
+            for (g, eg) in e.iter().enumerate() {
+                let sums = sum_tree16(eg[0], eg[1]);
+                _mm512_storeu_ps(out.add(g * stride + j), _mm512_mul_ps(sums, vs16));
+            }
+            j += 16;
+        }
         while j + 4 <= keys.len() {
             let k = [&keys[j], &keys[j + 1], &keys[j + 2], &keys[j + 3]];
             let mut acc = [[_mm512_setzero_ps(); 4]; G];
@@ -193,6 +226,99 @@ unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
             }
             j += 1;
         }
+    }
+}
+
+/// [`exp8`] on sixteen lanes: the same operations in the same order, so every lane gets
+/// `exp8`'s bits.
+///
+/// # Safety
+/// AVX-512 F is enabled.
+#[inline(always)]
+unsafe fn exp16(x: __m512) -> __m512 {
+    // SAFETY: AVX-512 F on registers only, which the caller enables (this function's contract).
+    unsafe {
+        // `min(88, x)` returns x when x is NaN, so NaN propagates.
+        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
+        let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.33));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm512_set1_ps(1.0 / 5040.0);
+        for c in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
+        _mm512_maskz_mov_ps(!underflow, _mm512_mul_ps(p, _mm512_castsi512_ps(e)))
+    }
+}
+
+/// The first step of a score's sum, for two keys at once: each key's sixteen lanes to eight,
+/// lane `l` plus lane `l + 8` (as `half` adds a register's halves). Out: `x`'s eight sums, then
+/// `y`'s.
+///
+/// # Safety
+/// AVX-512 F is enabled.
+#[inline(always)]
+unsafe fn tree_halves(x: __m512, y: __m512) -> __m512 {
+    // SAFETY: registers only; the caller enables AVX-512 F.
+    unsafe {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x, y), // blocks 0, 1 of x, then of y
+            _mm512_shuffle_f32x4::<0xEE>(x, y), // blocks 2, 3 of each
+        )
+    }
+}
+
+/// The next steps of the sum, as `_mm256_hadd_ps` takes them: in every 128-bit block, lanes
+/// 0 + 1 and 2 + 3 of `x`, then of `y`.
+///
+/// # Safety
+/// AVX-512 F is enabled.
+#[inline(always)]
+unsafe fn tree_pairs(x: __m512, y: __m512) -> __m512 {
+    // SAFETY: registers only; the caller enables AVX-512 F.
+    unsafe {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(x, y),
+            _mm512_shuffle_ps::<0xDD>(x, y),
+        )
+    }
+}
+
+/// The last step for sixteen keys, and the sums put in key order. After [`tree_halves`] on
+/// pairs of keys, [`tree_pairs`] on fours and again on eights, `e0` (keys 0..8) holds in its
+/// blocks the two halves of the sum of keys 0, 2, 4, 6 (blocks 0 and 1) and of 1, 3, 5, 7
+/// (blocks 2 and 3); `e1` the same for keys 8..16. Adding each block pair is the four-key
+/// step's `lo + hi`: every score is the same sum of the same partial sums, so the bits are the
+/// same, with about half the shuffles of four keys at a time.
+///
+/// # Safety
+/// AVX-512 F is enabled.
+#[inline(always)]
+unsafe fn sum_tree16(e0: __m512, e1: __m512) -> __m512 {
+    // SAFETY: registers only; the caller enables AVX-512 F.
+    unsafe {
+        let f = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(e0, e1), // blocks 0, 2 of e0, then of e1
+            _mm512_shuffle_f32x4::<0xDD>(e0, e1), // blocks 1, 3
+        );
+        // Lanes of `f`: keys 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15.
+        let order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+        _mm512_permutexvar_ps(order, f)
     }
 }
 
@@ -444,17 +570,34 @@ unsafe fn scores_q8_0_vnni_any<const NB: usize>(
     }
 }
 
-/// The heads `0..g` of `hd` values in the runs the group kernels take: threes of 64 values
-/// (twelve query registers), twos of 128 (sixteen), the rest one run shorter; `None` for any
-/// other head size.
+/// The heads `0..g` of `hd` values in runs of at most `most`, the rest one run shorter.
+#[inline(always)]
+fn runs_of(most: usize, g: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..g).step_by(most).map(move |h| h..(h + most).min(g))
+}
+
+/// The runs the score kernels take: threes of 64 values (twelve query registers), twos of 128
+/// (sixteen); `None` for any other head size.
 #[inline(always)]
 fn head_runs(hd: usize, g: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
-    let most = match hd {
-        64 => 3,
-        128 => 2,
-        _ => return None,
-    };
-    Some((0..g).step_by(most).map(move |h| h..(h + most).min(g)))
+    match hd {
+        64 => Some(runs_of(3, g)),
+        128 => Some(runs_of(2, g)),
+        _ => None,
+    }
+}
+
+/// The runs the weighted-sum kernels take: sixes of 64 values (twenty-four accumulator
+/// registers), twos of 128 (sixteen). A caller that has the weights of several rows' heads
+/// (the rows of a prompt that see the same keys) gives them in one call, and each value row
+/// is loaded once for six heads.
+#[inline(always)]
+fn sum_runs(hd: usize, g: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
+    match hd {
+        64 => Some(runs_of(6, g)),
+        128 => Some(runs_of(2, g)),
+        _ => None,
+    }
 }
 
 /// [`scores_heads512`] over any number of heads of 64 or 128 values: in threes (64: twelve
@@ -491,8 +634,8 @@ unsafe fn scores_heads_any<K: Lanes16>(
     true
 }
 
-/// [`weighted_sum_heads512`] over any number of heads of 64 or 128 values, grouped as
-/// [`scores_heads_any`] groups them; `false`, having done nothing, for any other head size.
+/// [`weighted_sum_heads512`] over any number of heads of 64 or 128 values, in the runs of
+/// [`sum_runs`]; `false`, having done nothing, for any other head size.
 ///
 /// # Safety
 /// As for [`weighted_sum_heads512`], with `hd`-value rows.
@@ -504,7 +647,7 @@ unsafe fn weighted_sum_heads_any<R: Lanes16>(
     stride: usize,
     vals: &[R],
 ) -> bool {
-    let Some(runs) = head_runs(hd, acc.len() / hd) else {
+    let Some(runs) = sum_runs(hd, acc.len() / hd) else {
         return false;
     };
     for h in runs {
@@ -512,6 +655,9 @@ unsafe fn weighted_sum_heads_any<R: Lanes16>(
         // SAFETY: the caller's contract; the kernels check `a` and `p` themselves.
         unsafe {
             match (hd, h.len()) {
+                (64, 6) => weighted_sum_heads512::<4, 6, _>(a, p, stride, vals),
+                (64, 5) => weighted_sum_heads512::<4, 5, _>(a, p, stride, vals),
+                (64, 4) => weighted_sum_heads512::<4, 4, _>(a, p, stride, vals),
                 (64, 3) => weighted_sum_heads512::<4, 3, _>(a, p, stride, vals),
                 (64, 2) => weighted_sum_heads512::<4, 2, _>(a, p, stride, vals),
                 (64, _) => weighted_sum_heads512::<4, 1, _>(a, p, stride, vals),
@@ -546,8 +692,30 @@ impl F32Simd for Avx512 {
     }
     #[inline(always)]
     unsafe fn exp_sum(x: &mut [f32], m: f32) -> f32 {
-        // SAFETY: as in `dot`.
-        unsafe { Avx2::exp_sum(x, m) }
+        // Sixteen lanes at a time through `exp16`, each half added to the eight-lane sum as
+        // `Avx2::exp_sum` adds its eights, so the sum and every value are `Avx2`'s bits; the
+        // last eights and the tail through `Avx2`'s own loop, continued.
+        let n = x.len();
+        let px = x.as_mut_ptr();
+        // SAFETY: every load and store is at `i` with `i + 16 <= n`; the rest goes to
+        // `exp_sum_from`, which stays inside `x`. AVX-512 F, AVX2 and FMA are enabled by the
+        // caller.
+        unsafe {
+            let vm = _mm512_set1_ps(m);
+            let mut sum = _mm256_setzero_ps();
+            let mut i = 0;
+            while i + 16 <= n {
+                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(px.add(i)), vm));
+                _mm512_storeu_ps(px.add(i), e);
+                sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+                sum = _mm256_add_ps(
+                    sum,
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
+                );
+                i += 16;
+            }
+            super::avx2::exp_sum_from(x, m, i, sum)
+        }
     }
     #[inline(always)]
     unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
