@@ -172,16 +172,7 @@ unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
             for (h, eh) in [0, 8].into_iter().enumerate() {
                 let mut d = [[_mm512_setzero_ps(); 2]; G]; // (G, 2): fours of keys
                 for (b, j4) in [j + eh, j + eh + 4].into_iter().enumerate() {
-                    let k = [&keys[j4], &keys[j4 + 1], &keys[j4 + 2], &keys[j4 + 3]];
-                    let mut acc = [[_mm512_setzero_ps(); 4]; G];
-                    for i in 0..V {
-                        for (kk, kp) in k.iter().enumerate() {
-                            let kv = kp.lanes16(i);
-                            for (a, qg) in acc.iter_mut().zip(&qr) {
-                                a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
-                            }
-                        }
-                    }
+                    let acc = dots4(&qr, &keys[j4..j4 + 4]);
                     for (dg, a) in d.iter_mut().zip(&acc) {
                         dg[b] = tree_pairs(tree_halves(a[0], a[1]), tree_halves(a[2], a[3]));
                     }
@@ -197,16 +188,7 @@ unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
             j += 16;
         }
         while j + 4 <= keys.len() {
-            let k = [&keys[j], &keys[j + 1], &keys[j + 2], &keys[j + 3]];
-            let mut acc = [[_mm512_setzero_ps(); 4]; G];
-            for i in 0..V {
-                for (kk, kp) in k.iter().enumerate() {
-                    let kv = kp.lanes16(i);
-                    for (a, qg) in acc.iter_mut().zip(&qr) {
-                        a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
-                    }
-                }
-            }
+            let acc = dots4(&qr, &keys[j..j + 4]);
             for (g, a) in acc.iter().enumerate() {
                 let h01 = _mm256_hadd_ps(half(a[0]), half(a[1]));
                 let h23 = _mm256_hadd_ps(half(a[2]), half(a[3]));
@@ -229,6 +211,33 @@ unsafe fn scores_heads512<const V: usize, const G: usize, K: Lanes16>(
     }
 }
 
+/// The lane-wise dot products of `G` queries (`V` registers each) with four key rows: for query
+/// `g` and key `kk`, sixteen lanes of partial sums, each key's registers loaded once for every
+/// query, the multiply-adds in the order of the registers.
+///
+/// # Safety
+/// Every key row holds `16·V` values; AVX-512 F and FMA (and F16C for f16 rows) are enabled.
+#[inline(always)]
+unsafe fn dots4<const V: usize, const G: usize, K: Lanes16>(
+    qr: &[[__m512; V]; G],
+    keys: &[K],
+) -> [[__m512; 4]; G] {
+    // SAFETY: the caller's contract: each of the four rows holds `16·V` values, and the
+    // instructions are enabled.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 4]; G];
+        for i in 0..V {
+            for (kk, kp) in keys[..4].iter().enumerate() {
+                let kv = kp.lanes16(i);
+                for (a, qg) in acc.iter_mut().zip(qr) {
+                    a[kk] = _mm512_fmadd_ps(qg[i], kv, a[kk]);
+                }
+            }
+        }
+        acc
+    }
+}
+
 /// [`exp8`] on sixteen lanes: the same operations in the same order, so every lane gets
 /// `exp8`'s bits.
 ///
@@ -239,24 +248,16 @@ unsafe fn exp16(x: __m512) -> __m512 {
     // SAFETY: AVX-512 F on registers only, which the caller enables (this function's contract).
     unsafe {
         // `min(88, x)` returns x when x is NaN, so NaN propagates.
-        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
-        let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.33));
+        let x = _mm512_min_ps(_mm512_set1_ps(EXP_MAX), x);
+        let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_UNDERFLOW));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
         }
         let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
             _mm512_cvtps_epi32(n),

@@ -27,6 +27,25 @@ mod avx512;
 pub use avx2::Avx2;
 pub use avx512::Avx512;
 
+/// `exp`'s largest input: above it the result would pass f32's range.
+const EXP_MAX: f32 = 88.0;
+/// Below this the true `e^x` is under the smallest normal f32, and `exp` gives 0.
+const EXP_UNDERFLOW: f32 = -87.33;
+/// ln 2 in two parts, so that `n·LN2_HI` is exact for the `n` that occur.
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// `e^r`'s Taylor coefficients, highest first, for Horner's rule: 1/7!, 1/6!, …, 1/1!, 1/0!.
+const EXP_POLY: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// `e^x` for eight lanes. Inputs above 88 give `e^88` (they do not occur: softmax scores are
 /// `<= 0` after the max is subtracted, and SiLU's `e^-x` only saturates its own result); inputs
 /// below -87.3 give 0, as the true value is below the smallest normal f32; NaN stays NaN.
@@ -38,26 +57,18 @@ pub unsafe fn exp8(x: __m256) -> __m256 {
     // SAFETY: AVX2 and FMA on registers only, which the caller enables (this function's contract).
     unsafe {
         // `min(88, x)` returns x when x is NaN, so NaN propagates.
-        let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
-        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.33));
+        let x = _mm256_min_ps(_mm256_set1_ps(EXP_MAX), x);
+        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_UNDERFLOW));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
         // r = x - n·ln 2, with ln 2 split in two so that n·ln2_hi is exact.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
         // e^r = 1 + r + r²/2! + … + r⁷/7!, by Horner's rule.
-        let mut p = _mm256_set1_ps(1.0 / 5040.0);
-        for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        let mut p = _mm256_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
         }
         // 2^n: the biased exponent n + 127 in bits 23..31.
         let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
