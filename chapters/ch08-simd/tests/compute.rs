@@ -179,7 +179,7 @@ mod avx2 {
 
         #[test]
         fn score_and_value_kernels_match_row_by_row(
-            hd in prop_oneof![Just(64usize), Just(128), Just(40), Just(8)],
+            hd in prop_oneof![Just(64usize), Just(128), Just(256), Just(40), Just(8)],
             nk in 1usize..70,
             seed in any::<u64>(),
         ) {
@@ -215,7 +215,7 @@ mod avx2 {
 
         #[test]
         fn a_groups_kernels_give_each_head_its_own_bits(
-            hd in prop_oneof![Just(64usize), Just(128), Just(40)],
+            hd in prop_oneof![Just(64usize), Just(128), Just(256), Just(40)],
             group in 1usize..9,
             nk in 1usize..70,
             seed in any::<u64>(),
@@ -225,7 +225,8 @@ mod avx2 {
             }
             // `group` query heads against the same keys and values, scores `STRIDE` apart: the
             // group calls (which load each row once for several heads where a kernel exists:
-            // scores of 64-value heads in threes, weighted sums in sixes, 128-value ones in twos;
+            // scores of 64-value heads in threes, weighted sums in sixes, 128-value ones in twos,
+            // 256-value ones alone;
             // the sums of sixteen keys at a time) against one call per head.
             const STRIDE: usize = 80;
             let q = noise(group * hd, seed); // (group, hd)
@@ -281,7 +282,7 @@ mod avx2 {
 
         #[test]
         fn q8_0_key_kernels_give_the_plain_loops_bits(
-            hd in prop_oneof![Just(64usize), Just(128)],
+            hd in prop_oneof![Just(64usize), Just(128), Just(256)],
             group in 1usize..4,
             nk in 1usize..=32,
             cut in (0usize..32, 0usize..32),

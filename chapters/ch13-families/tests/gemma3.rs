@@ -57,11 +57,13 @@ fn median_abs(v: &[f32]) -> f32 {
 
 /// Where our two greedy candidates are closer than this, either choice is within the noise:
 /// multiplying the token embeddings by 1 + 2^-20 — a last-bit change — moves the gap between
-/// the top two candidates of the continuations by up to 0.77 logits (measured by
-/// `a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin`, below). Chapter 6 set its
+/// the top two candidates of the continuations by up to 1.07 logits (measured by
+/// `a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin`, below; 0.77 before
+/// chapter 8's attention kept 256-value heads in AVX-512 registers, which changed the order of
+/// its sums, and so which last bits flip where). Chapter 6 set its
 /// `TIE_MARGIN` (0.4) the same way on SmolLM2; Gemma's f16 GELU table flips on last-bit
 /// differences too, on top of the Q8 activation codes, and its logits are larger.
-const GEMMA_TIE_MARGIN: f32 = 0.8;
+const GEMMA_TIE_MARGIN: f32 = 1.1;
 
 /// Chapter 6's check of a quantized model, with Gemma's tie margin.
 const GEMMA_MARGINS: Margins = Margins {
@@ -269,7 +271,7 @@ impl Matrix for ScaledRows {
 
 /// The noise [`GEMMA_TIE_MARGIN`] stands for: the same model with its embeddings scaled by
 /// 1 + 2^-20 moves the gap between our top two candidates, at every teacher-forced step of
-/// every prompt, by less than the margin (at most 0.77 measured).
+/// every prompt, by less than the margin (at most 1.07 measured).
 #[test]
 fn a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin() {
     let mut perturbed = load_fast();
@@ -300,7 +302,10 @@ fn a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin() {
 #[test]
 fn the_engine_generates_what_llama_cpp_generates() {
     let (_, _, want) = prompts().into_iter().find(|p| p.0 == "short").unwrap();
-    // The finished engine, `llm-rs run`.
+    // The finished engine, `llm-rs run`, with the f32 cache llama.cpp's reference ran with
+    // and the teacher-forced logits below use: its default f16 cache rounds every key and value
+    // to 11 bits, far more than the last-bit noise the tie margin stands for, and Gemma's
+    // closest steps (0.004 logits apart at step 18 of this prompt) go either way with it.
     let out = std::process::Command::new(testkit::program(
         "llm-rs",
         testkit::Target::Bin,
@@ -310,6 +315,7 @@ fn the_engine_generates_what_llama_cpp_generates() {
     .arg("run")
     .arg("--model")
     .arg(gemma_path())
+    .args(["--cache-type-k", "f32", "--cache-type-v", "f32"])
     .args(["--temp", "0", "--threads", "2", "--json", "-n"])
     .arg(want.len().to_string())
     .arg("The capital of France is")

@@ -20,15 +20,24 @@ impl KvView for EmptyRuns {
 }
 
 fn attention() -> Attention {
+    heads_of(64, 1024)
+}
+
+/// Two query heads of `hd` values on one KV head, RoPE for `n_ctx` positions.
+fn heads_of(hd: usize, n_ctx: usize) -> Attention {
     Attention {
         n_head: 2,
         n_head_kv: 1,
-        head_dim: 64,
-        rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 64),
+        head_dim: hd,
+        rope: RopeTable::new(hd, 10000.0, 1.0, RopeStyle::Normal, n_ctx),
         window: None,
-        kq_scale: Attention::standard_scale(64),
+        kq_scale: Attention::standard_scale(hd),
     }
 }
+
+/// The head sizes the tests below take: every size some instruction set has kernels of its
+/// own for (64, 128, 256), and one none has (40).
+const HEAD_SIZES: [usize; 4] = [64, 128, 256, 40];
 
 /// The fastest kernels this CPU has: the ones that read whole rows through pointers.
 fn compute() -> SimdCompute {
@@ -55,11 +64,11 @@ fn a_short_output_is_refused() {
     compute().attend(&a, &q, &tokens, &EmptyRuns, &mut out);
 }
 
-/// Keys and values of `n` positions, pseudo-random, one KV head of 64.
-struct Store(Vec<f32>, Vec<f32>);
+/// Keys and values of `n` positions, pseudo-random, one KV head of `.2` values.
+struct Store(Vec<f32>, Vec<f32>, usize);
 
 impl Store {
-    fn new(n: usize) -> Store {
+    fn new(n: usize, hd: usize) -> Store {
         let mut x = 1u64;
         let mut next = move || {
             x = x
@@ -68,18 +77,19 @@ impl Store {
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
         };
         Store(
-            (0..n * 64).map(|_| next()).collect(),
-            (0..n * 64).map(|_| next()).collect(),
+            (0..n * hd).map(|_| next()).collect(),
+            (0..n * hd).map(|_| next()).collect(),
+            hd,
         )
     }
 }
 
 impl KvView for Store {
     fn key_run(&self, pos: usize, _max: usize) -> KvRows<'_> {
-        KvRows::F32(&self.0[pos * 64..(pos + 1) * 64])
+        KvRows::F32(&self.0[pos * self.2..(pos + 1) * self.2])
     }
     fn value_run(&self, pos: usize, _max: usize) -> KvRows<'_> {
-        KvRows::F32(&self.1[pos * 64..(pos + 1) * 64])
+        KvRows::F32(&self.1[pos * self.2..(pos + 1) * self.2])
     }
 }
 
@@ -94,19 +104,22 @@ fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
     // Attention outputs are averages of values of magnitude ~2: summation order moves
     // them by a few f32 roundings of that.
     const CLOSE: f32 = 1e-5;
-    let a = Attention {
-        rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
-        ..attention()
-    };
-    let n = 300;
-    let rows = Store::new(n);
-    let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect();
-    for t in [RowType::F16, ROW_Q8_0] {
+    for (hd, t) in HEAD_SIZES
+        .into_iter()
+        .flat_map(|hd| [(hd, RowType::F16), (hd, ROW_Q8_0)])
+    {
+        if hd % 32 != 0 && t == ROW_Q8_0 {
+            continue; // q8_0's blocks of 32 cannot hold such a head
+        }
+        let a = heads_of(hd, 1024);
+        let n = 300;
+        let rows = Store::new(n, hd);
+        let q: Vec<f32> = Store::new(2 * n, hd).1.iter().map(|v| v * 0.7).collect();
         let types = CacheTypes { k: t, v: t };
-        let mut kv = ContiguousCache::try_typed(1, 64, n, Overflow::Error, types).unwrap();
+        let mut kv = ContiguousCache::try_typed(1, hd, n, Overflow::Error, types).unwrap();
         kv.reserve(0, 0..n).unwrap();
         for p in 0..n {
-            let (k, v) = (&rows.0[p * 64..][..64], &rows.1[p * 64..][..64]);
+            let (k, v) = (&rows.0[p * hd..][..hd], &rows.1[p * hd..][..hd]);
             kv.store(0, 0, p, k, v);
         }
         let view = kv.view(0, 0);
@@ -125,7 +138,7 @@ fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
             }
             #[cfg(target_arch = "x86_64")]
             let integer =
-                isa == F32Isa::Avx512 && <crate::simd::x86::act::Avx512 as F32Simd>::keys_q8_0(64);
+                isa == F32Isa::Avx512 && <crate::simd::x86::act::Avx512 as F32Simd>::keys_q8_0(hd);
             #[cfg(not(target_arch = "x86_64"))]
             let integer = false;
             let want = if t == ROW_Q8_0 && integer {
@@ -139,7 +152,7 @@ fn every_isa_reads_f16_and_q8_0_caches_as_the_reference_does() {
             for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                 assert!(
                     (w - g).abs() <= CLOSE,
-                    "{t} cache, {isa:?}, value {i}: {w} vs {g}"
+                    "{t} cache, heads of {hd}, {isa:?}, value {i}: {w} vs {g}"
                 );
             }
         }
@@ -167,21 +180,25 @@ fn rounded_q8_0(x: &[f32]) -> Vec<f32> {
 /// the same in any batch. On an f32 cache, and on f16 and q8_0 ones.
 #[test]
 fn a_querys_result_does_not_depend_on_its_batch_or_the_threads() {
+    for hd in HEAD_SIZES.into_iter().filter(|hd| hd % 32 == 0) {
+        batch_and_threads_keep_the_bits(hd);
+    }
+}
+
+/// [`a_querys_result_does_not_depend_on_its_batch_or_the_threads`] for heads of `hd` values.
+fn batch_and_threads_keep_the_bits(hd: usize) {
     use ch03::KvStore;
     use ch05::{CacheTypes, ContiguousCache, Overflow, RowType};
-    let a = Attention {
-        rope: RopeTable::new(64, 10000.0, 1.0, RopeStyle::Normal, 1024),
-        ..attention()
-    };
+    let a = heads_of(hd, 1024);
     let (n, qd) = (700, a.q_dim());
-    let store = Store::new(n);
-    let q: Vec<f32> = Store::new(2 * n).1.iter().map(|v| v * 0.7).collect(); // (n, 2 heads, 64)
+    let store = Store::new(n, hd);
+    let q: Vec<f32> = Store::new(2 * n, hd).1.iter().map(|v| v * 0.7).collect(); // (n, 2, hd)
     let encoded = |t: RowType| {
         let types = CacheTypes { k: t, v: t };
-        let mut kv = ContiguousCache::try_typed(1, 64, n, Overflow::Error, types).unwrap();
+        let mut kv = ContiguousCache::try_typed(1, hd, n, Overflow::Error, types).unwrap();
         kv.reserve(0, 0..n).unwrap();
         for p in 0..n {
-            kv.store(0, 0, p, &store.0[p * 64..][..64], &store.1[p * 64..][..64]);
+            kv.store(0, 0, p, &store.0[p * hd..][..hd], &store.1[p * hd..][..hd]);
         }
         kv
     };
@@ -212,12 +229,12 @@ fn a_querys_result_does_not_depend_on_its_batch_or_the_threads() {
             assert_eq!(
                 bits(&alone),
                 bits(&run(2, row..row + 1)),
-                "{name} cache, row {row}: threads"
+                "{name} cache, heads of {hd}, row {row}: threads"
             );
             assert_eq!(
                 bits(&alone),
                 bits(&chunk[i * qd..(i + 1) * qd]),
-                "{name} cache, row {row}: batch"
+                "{name} cache, heads of {hd}, row {row}: batch"
             );
         }
     }
@@ -246,7 +263,7 @@ fn online_softmax_tile_by_tile_is_one_softmax() {
     let hd = 8;
     let tiles = [3, 32, 7, 32, 26];
     let n: usize = tiles.iter().sum();
-    let kv = Store::new(n);
+    let kv = Store::new(n, 64);
     // Scores in [-2, 2] plus a ramp that starts low, so that later tiles raise the maximum;
     // the third tile is pushed down, so that one tile's maximum stays below the running one.
     let scores: Vec<f32> = (0..n)

@@ -157,7 +157,8 @@ pub(super) unsafe fn attend_unit<S: F32Simd>(
     let head = kvh * hd..(kvh + 1) * hd;
     let ahead = |keys: Range<usize>| prefetch_kv(j.kv, keys, head.clone(), kvd);
     // An f16 cache is read in place where the kernels convert its rows as they load them
-    // (AVX-512, 64- and 128-value heads): no decoded copy of the tile to write and read back.
+    // (AVX-512, heads of 64, 128 or 256 values): no decoded copy of the tile to write and read
+    // back.
     let f16 = |r: KvRows| {
         matches!(
             r,

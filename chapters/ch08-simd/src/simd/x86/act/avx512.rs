@@ -15,6 +15,11 @@ use ch06::quants::blocks::BlockQ8_0;
 /// AVX-512 CPU also has).
 pub struct Avx512;
 
+/// The head sizes the kernels keep in registers (`V` = 4, 8, 16 of them per query or
+/// accumulator): 64 (SmolLM2, Llama 3.2 1B), 128 (most 7–8B models), 256 (Gemma 2 and 3).
+/// Any other size goes a row at a time through [`Avx2`]'s kernels.
+const HEADS: [usize; 3] = [64, 128, 256];
+
 /// [`scores_regs`](super::avx2::scores_regs) with `q` in `V` 16-lane registers.
 ///
 /// # Safety
@@ -325,8 +330,8 @@ unsafe fn sum_tree16(e0: __m512, e1: __m512) -> __m512 {
 
 /// [`weighted_sum_regs512`] for the `G` accumulators of `acc` (side by side, `16·V` floats
 /// each) over the same value rows, f32 or f16 ([`Lanes16`]): each row's `V` registers are
-/// loaded once and used by every accumulator. Accumulator `g` takes the weights `p[g·stride..]` and gets the bits
-/// `weighted_sum_regs512` gives it alone.
+/// loaded once and used by every accumulator. Accumulator `g` takes the weights
+/// `p[g·stride..]` and gets the bits `weighted_sum_regs512` gives it alone.
 ///
 /// # Safety
 /// As for [`weighted_sum_regs512`]; `acc` holds `G·16·V` floats and `p` at least
@@ -541,7 +546,8 @@ unsafe fn scores_q8_0_vnni<const NB: usize, const G: usize>(
     }
 }
 
-/// [`scores_q8_0_vnni`] over any number of queries, four at a time.
+/// [`scores_q8_0_vnni`] over any number of queries, four at a time (two for 256-value heads,
+/// whose `G·NB` accumulators would not fit the registers).
 ///
 /// # Safety
 /// AVX-512 F and VNNI are enabled (this function's own).
@@ -557,11 +563,12 @@ unsafe fn scores_q8_0_vnni_any<const NB: usize>(
     stride: usize,
 ) {
     let n = q.len() / NB;
-    for g0 in (0..n).step_by(4) {
+    let most = if NB > 4 { 2 } else { 4 };
+    for g0 in (0..n).step_by(most) {
         let (q, s) = (&q[g0 * NB..], &mut s[g0 * stride..]);
         // SAFETY: this function's features; the kernel checks its slices.
         unsafe {
-            match n - g0 {
+            match (n - g0).min(most) {
                 1 => scores_q8_0_vnni::<NB, 1>(q, kt, dk, &keys, scale, s, stride),
                 2 => scores_q8_0_vnni::<NB, 2>(q, kt, dk, &keys, scale, s, stride),
                 3 => scores_q8_0_vnni::<NB, 3>(q, kt, dk, &keys, scale, s, stride),
@@ -578,32 +585,33 @@ fn runs_of(most: usize, g: usize) -> impl Iterator<Item = std::ops::Range<usize>
 }
 
 /// The runs the score kernels take: threes of 64 values (twelve query registers), twos of 128
-/// (sixteen); `None` for any other head size.
+/// (sixteen), ones of 256 (sixteen: Gemma's heads); `None` for any other head size.
 #[inline(always)]
 fn head_runs(hd: usize, g: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
     match hd {
         64 => Some(runs_of(3, g)),
         128 => Some(runs_of(2, g)),
+        256 => Some(runs_of(1, g)),
         _ => None,
     }
 }
 
 /// The runs the weighted-sum kernels take: sixes of 64 values (twenty-four accumulator
-/// registers), twos of 128 (sixteen). A caller that has the weights of several rows' heads
-/// (the rows of a prompt that see the same keys) gives them in one call, and each value row
-/// is loaded once for six heads.
+/// registers), twos of 128 (sixteen), ones of 256 (sixteen). A caller that has the weights of
+/// several rows' heads (the rows of a prompt that see the same keys) gives them in one call,
+/// and each value row is loaded once for six 64-value heads.
 #[inline(always)]
 fn sum_runs(hd: usize, g: usize) -> Option<impl Iterator<Item = std::ops::Range<usize>>> {
     match hd {
         64 => Some(runs_of(6, g)),
         128 => Some(runs_of(2, g)),
+        256 => Some(runs_of(1, g)),
         _ => None,
     }
 }
 
-/// [`scores_heads512`] over any number of heads of 64 or 128 values: in threes (64: twelve
-/// query registers) or twos (128: sixteen), the rest in one smaller call. `false`, having done
-/// nothing, for any other head size.
+/// [`scores_heads512`] over any number of heads of 64, 128 or 256 values, in the runs of
+/// [`head_runs`]. `false`, having done nothing, for any other head size.
 ///
 /// # Safety
 /// As for [`scores_heads512`], with `hd`-value rows.
@@ -627,15 +635,16 @@ unsafe fn scores_heads_any<K: Lanes16>(
                 (64, 3) => scores_heads512::<4, 3, _>(q, keys, scale, s, stride),
                 (64, 2) => scores_heads512::<4, 2, _>(q, keys, scale, s, stride),
                 (64, _) => scores_heads512::<4, 1, _>(q, keys, scale, s, stride),
-                (_, 2) => scores_heads512::<8, 2, _>(q, keys, scale, s, stride),
-                _ => scores_heads512::<8, 1, _>(q, keys, scale, s, stride),
+                (128, 2) => scores_heads512::<8, 2, _>(q, keys, scale, s, stride),
+                (128, _) => scores_heads512::<8, 1, _>(q, keys, scale, s, stride),
+                _ => scores_heads512::<16, 1, _>(q, keys, scale, s, stride),
             }
         }
     }
     true
 }
 
-/// [`weighted_sum_heads512`] over any number of heads of 64 or 128 values, in the runs of
+/// [`weighted_sum_heads512`] over any number of heads of 64, 128 or 256 values, in the runs of
 /// [`sum_runs`]; `false`, having done nothing, for any other head size.
 ///
 /// # Safety
@@ -662,8 +671,9 @@ unsafe fn weighted_sum_heads_any<R: Lanes16>(
                 (64, 3) => weighted_sum_heads512::<4, 3, _>(a, p, stride, vals),
                 (64, 2) => weighted_sum_heads512::<4, 2, _>(a, p, stride, vals),
                 (64, _) => weighted_sum_heads512::<4, 1, _>(a, p, stride, vals),
-                (_, 2) => weighted_sum_heads512::<8, 2, _>(a, p, stride, vals),
-                _ => weighted_sum_heads512::<8, 1, _>(a, p, stride, vals),
+                (128, 2) => weighted_sum_heads512::<8, 2, _>(a, p, stride, vals),
+                (128, _) => weighted_sum_heads512::<8, 1, _>(a, p, stride, vals),
+                _ => weighted_sum_heads512::<16, 1, _>(a, p, stride, vals),
             }
         }
     }
@@ -759,6 +769,7 @@ impl F32Simd for Avx512 {
             match q.len() {
                 64 => scores_regs512::<4>(q, keys, scale, s),
                 128 => scores_regs512::<8>(q, keys, scale, s),
+                256 => scores_regs512::<16>(q, keys, scale, s),
                 _ => Avx2::scores(q, keys, scale, s),
             }
         }
@@ -774,6 +785,7 @@ impl F32Simd for Avx512 {
             match acc.len() {
                 64 => weighted_sum_regs512::<4>(acc, p, vals),
                 128 => weighted_sum_regs512::<8>(acc, p, vals),
+                256 => weighted_sum_regs512::<16>(acc, p, vals),
                 _ => Avx2::weighted_sum(acc, p, vals),
             }
         }
@@ -789,8 +801,8 @@ impl F32Simd for Avx512 {
         stride: usize,
     ) {
         debug_assert!(keys.iter().all(|k| k.len() == hd));
-        // SAFETY: for 64 and 128 values a key row holds the `16·V` floats the group kernels read
-        // (`scores_heads`' contract), and they check `q` and `s` themselves; otherwise each
+        // SAFETY: for the sizes of `HEADS` a key row holds the `16·V` floats the group kernels
+        // read (`scores_heads`' contract), and they check `q` and `s` themselves; otherwise each
         // query goes through `scores`, as the trait's default does. AVX-512 F is enabled by the
         // caller.
         unsafe {
@@ -807,7 +819,7 @@ impl F32Simd for Avx512 {
         unsafe { crate::simd::x86::avx2::quantize_row_q8_0(x, y) }
     }
     fn keys_q8_0(hd: usize) -> bool {
-        (hd == 64 || hd == 128) && std::is_x86_feature_detected!("avx512vnni")
+        HEADS.contains(&hd) && std::is_x86_feature_detected!("avx512vnni")
     }
     #[inline(always)]
     unsafe fn pack_keys_q8_0(keys: &[&[u8]], hd: usize, kt: &mut [u8], dk: &mut [f32]) {
@@ -816,6 +828,7 @@ impl F32Simd for Avx512 {
             match hd {
                 64 => pack_keys_q8_0_512::<2>(keys, kt, dk),
                 128 => pack_keys_q8_0_512::<4>(keys, kt, dk),
+                256 => pack_keys_q8_0_512::<8>(keys, kt, dk),
                 _ => crate::simd::pack_keys_q8_0_rows(keys, hd, kt, dk),
             }
         }
@@ -833,7 +846,7 @@ impl F32Simd for Avx512 {
     ) {
         // The kernel needs VNNI besides this set's AVX-512 F: checked here, so that the call is
         // sound whatever `keys_q8_0` said (the check is one load of a cached flag).
-        if !std::is_x86_feature_detected!("avx512vnni") || !(hd == 64 || hd == 128) {
+        if !std::is_x86_feature_detected!("avx512vnni") || !HEADS.contains(&hd) {
             return crate::simd::scores_heads_q8_0_rows(q, hd, kt, dk, keys, scale, s, stride);
         }
         // SAFETY: the CPU has AVX-512 F (this set's contract) and VNNI (checked above); the
@@ -841,12 +854,13 @@ impl F32Simd for Avx512 {
         unsafe {
             match hd {
                 64 => scores_q8_0_vnni_any::<2>(q, kt, dk, keys, scale, s, stride),
-                _ => scores_q8_0_vnni_any::<4>(q, kt, dk, keys, scale, s, stride),
+                128 => scores_q8_0_vnni_any::<4>(q, kt, dk, keys, scale, s, stride),
+                _ => scores_q8_0_vnni_any::<8>(q, kt, dk, keys, scale, s, stride),
             }
         }
     }
     fn heads_f16(hd: usize, _group: usize) -> bool {
-        hd == 64 || hd == 128
+        HEADS.contains(&hd)
     }
     #[inline(always)]
     unsafe fn scores_heads_f16(
@@ -858,10 +872,10 @@ impl F32Simd for Avx512 {
         stride: usize,
     ) {
         debug_assert!(keys.iter().all(|k| k.len() == 2 * hd));
-        // SAFETY: for 64 and 128 values a key row holds the `32·V` bytes the group kernels read
-        // (this method's contract), and they check `q` and `s` themselves; any other shape goes
-        // a row at a time, as the trait's default does. AVX-512 F and F16C are enabled by the
-        // caller.
+        // SAFETY: for the sizes of `HEADS` a key row holds the `32·V` bytes the group kernels
+        // read (this method's contract), and they check `q` and `s` themselves; any other shape
+        // goes a row at a time, as the trait's default does. AVX-512 F and F16C are enabled by
+        // the caller.
         unsafe {
             if !scores_heads_any(q, hd, keys, scale, s, stride) {
                 crate::simd::scores_heads_f16_rows::<Self>(q, hd, keys, scale, s, stride);
