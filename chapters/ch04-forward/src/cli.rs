@@ -277,11 +277,38 @@ pub fn set_context(model: &mut Model, ctx: Option<usize>) -> Result<(), Box<dyn 
     Ok(())
 }
 
+/// The prompt in the file at `path` (llama.cpp's `-f FNAME`): its text, less one final
+/// newline (as llama.cpp takes it). A file that is not UTF-8, or longer than any context holds
+/// (chapter 2's [`MAX_RENDERED_BYTES`](ch02::chat::MAX_RENDERED_BYTES), 8 MiB), is refused by
+/// name; at most that many bytes are ever read, so `/dev/zero` is an error, not a hang.
+pub fn read_prompt_file(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let limit = ch02::chat::MAX_RENDERED_BYTES;
+    let what = |e: &dyn std::fmt::Display| format!("--file {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| what(&e))?;
+    let mut bytes = Vec::new();
+    file.take(limit as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| what(&e))?;
+    if bytes.len() > limit {
+        return Err(what(&format!(
+            "longer than {limit} bytes (MAX_RENDERED_BYTES): more than any model's context holds"
+        )));
+    }
+    let mut text = String::from_utf8(bytes).map_err(|e| what(&e))?;
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    Ok(text)
+}
+
 /// Refuse flags that cannot work, before anything loads: no prompt, a sampling setting out of
 /// its domain (named with its value), no threads.
 pub fn check(args: &Args) -> Result<(), Box<dyn Error>> {
     if !args.chat && args.prompt_text().is_empty() {
-        return Err("no prompt: give a PROMPT (or --prompt TEXT), or --chat".into());
+        return Err(
+            "no prompt: give a PROMPT (or --prompt TEXT, or --file FNAME), or --chat".into(),
+        );
     }
     args.sampler()
         .validate()
@@ -699,5 +726,30 @@ mod tests {
                 assert!(e.contains(&max_threads().to_string()), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn a_prompt_file_loses_one_final_newline_and_bad_files_are_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("llm-rs-prompt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let two = write("two.txt", b"line one\nline two\n\n");
+        assert_eq!(read_prompt_file(&two).unwrap(), "line one\nline two\n");
+        let bad = write("bad.txt", b"ok \xff\xfe");
+        let e = read_prompt_file(&bad).unwrap_err();
+        assert!(e.starts_with("--file ") && e.contains("bad.txt"), "{e}");
+        let e = read_prompt_file(&dir.join("missing.txt")).unwrap_err();
+        assert!(e.contains("missing.txt"), "{e}");
+        // An endless file: refused after the bound, not read until memory runs out.
+        #[cfg(target_os = "linux")]
+        {
+            let e = read_prompt_file(std::path::Path::new("/dev/zero")).unwrap_err();
+            assert!(e.contains("MAX_RENDERED_BYTES"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -27,6 +27,15 @@ pub struct Generate {
     /// The prompt, as a positional argument.
     #[arg(value_name = "PROMPT", conflicts_with = "prompt")]
     pub prompt_arg: Option<String>,
+    /// A file holding the prompt, less one final newline: for prompts longer than a command
+    /// line takes.
+    #[arg(
+        long = "file",
+        short = 'f',
+        value_name = "FNAME",
+        conflicts_with_all = ["prompt", "prompt_arg"]
+    )]
+    pub prompt_file: Option<PathBuf>,
     /// Number of tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = Args::default().n)]
     pub n: usize,
@@ -71,11 +80,21 @@ pub struct Generate {
 }
 
 impl Generate {
-    /// The settings these flags give.
+    /// The settings these flags give; exit 1 with the reason if `--file` cannot be read.
     pub fn args(&self) -> Args {
+        let from_file = self.prompt_file.as_deref().map(|path| {
+            cli::read_prompt_file(path).unwrap_or_else(|e| {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            })
+        });
         Args {
             model: self.model.clone(),
-            prompt: self.prompt.clone().or_else(|| self.prompt_arg.clone()),
+            prompt: self
+                .prompt
+                .clone()
+                .or(self.prompt_arg.clone())
+                .or(from_file),
             n: self.n,
             temp: self.temp,
             top_k: self.top_k,
