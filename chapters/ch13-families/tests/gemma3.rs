@@ -58,9 +58,9 @@ fn median_abs(v: &[f32]) -> f32 {
 /// Where our two greedy candidates are closer than this, either choice is within the noise:
 /// multiplying the token embeddings by 1 + 2^-20 — a last-bit change — moves the gap between
 /// the top two candidates of the continuations by up to 1.07 logits (measured by
-/// `a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin`, below; 0.77 before
-/// chapter 8's attention kept 256-value heads in AVX-512 registers, which changed the order of
-/// its sums, and so which last bits flip where). Chapter 6 set its
+/// `a_last_bit_perturbation_moves_the_gaps_less_than_the_tie_margin`, below). Which last bits
+/// flip where depends on the order of every kernel's sums, so a kernel that sums in another
+/// order moves this figure, and the margin is measured again. Chapter 6 set its
 /// `TIE_MARGIN` (0.4) the same way on SmolLM2; Gemma's f16 GELU table flips on last-bit
 /// differences too, on top of the Q8 activation codes, and its logits are larger.
 const GEMMA_TIE_MARGIN: f32 = 1.1;
